@@ -1,0 +1,98 @@
+// cuarena::Allocator: the policy core's public C++ API.
+//
+// One Allocator serves one device through one DeviceBackend. Requests up to `small_limit` bytes
+// come from size-class slabs; larger ones from a best-fit block pool over large virtual ranges
+// whose physical memory is mapped granule by granule, so free address space costs no memory.
+// See allocator/README.md for the design and the invariants each part keeps.
+//
+// Stream semantics (those of PyTorch's caching allocator and of cudaMallocAsync with
+// ReuseFollowEventDependencies): a block freed on stream S may be handed out again at once on S;
+// another stream gets it only after an event recorded on S after the free has completed. Blocks
+// passed to record_stream() are not reused by anyone until events recorded at free time on each
+// of those streams complete. No call ever blocks the host on the device, except the last-resort
+// synchronisation before an OutOfMemoryError.
+//
+// Thread semantics: every member function is safe to call concurrently (one mutex per
+// Allocator).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "cuarena/config.hpp"
+#include "cuarena/device_backend.hpp"
+#include "cuarena/errors.hpp"
+#include "cuarena/stats.hpp"
+#include "cuarena/types.hpp"
+
+namespace cuarena {
+
+class Allocator {
+ public:
+  /// `backend` must outlive the Allocator. Throws ConfigError when `config` is inconsistent
+  /// with the backend (e.g. slab_size below the smallest class).
+  explicit Allocator(DeviceBackend& backend, Config config = {});
+  /// Unmaps every granule and releases the address space. Blocks still live are lost.
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  /// Returns a block of at least `bytes` bytes, 512-byte aligned, usable in stream order on
+  /// `stream`. Returns nullptr for 0 bytes. Throws OutOfMemoryError (after releasing caches and
+  /// waiting for outstanding events) when the device limit cannot accommodate it.
+  void* allocate(std::size_t bytes, StreamId stream);
+
+  /// Frees a block from allocate(). The block is reusable at once on its allocation stream, and
+  /// on other streams after the events that guard it complete. nullptr is ignored. Throws
+  /// InvalidPointerError for a pointer not currently allocated here.
+  void deallocate(void* ptr);
+
+  /// Marks `ptr` as used on `stream` too (PyTorch's Tensor.record_stream): when it is freed, it
+  /// is not reused until an event recorded on `stream` at free time completes. Throws
+  /// InvalidPointerError for a pointer not currently allocated here.
+  void record_stream(void* ptr, StreamId stream);
+
+  /// Releases every cached granule whose guarding events have completed (PyTorch's
+  /// empty_cache()), waiting for outstanding events first. Returns the bytes released.
+  std::size_t release_cached();
+
+  /// Polls outstanding events and finishes the frees they were guarding. Non-blocking.
+  void process_events();
+
+  Stats stats() const;
+  void reset_peak_stats();
+  const Config& config() const;
+
+  /// A live allocation, for snapshots and tests.
+  struct BlockInfo {
+    DevicePtr ptr;
+    std::size_t requested;  ///< bytes asked for
+    std::size_t size;       ///< bytes reserved for it (rounded)
+    StreamId stream;        ///< allocation stream
+    bool small;             ///< served from a slab
+  };
+  std::vector<BlockInfo> live_blocks() const;
+
+  /// Free memory inside reserved (mapped) memory, as BFC and RMM report it.
+  struct Fragmentation {
+    std::size_t free_bytes = 0;     ///< reserved bytes not backing a live allocation
+    std::size_t largest_free = 0;   ///< largest contiguous mapped free range
+    std::size_t rounding_waste = 0; ///< allocated_bytes - requested_bytes
+    /// 1 - largest_free / free_bytes (0 when nothing is free).
+    double external() const {
+      return free_bytes == 0 ? 0.0 : 1.0 - double(largest_free) / double(free_bytes);
+    }
+  };
+  Fragmentation fragmentation() const;
+
+  /// Verifies every internal invariant (block tiling, index membership, mapping, statistics);
+  /// throws std::logic_error naming the first violation. O(blocks + granules): for tests.
+  void check_invariants() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cuarena

@@ -1,0 +1,64 @@
+// Allocator configuration and its parser.
+//
+// Syntax is PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax: `key:value,key:value`, lists as
+// `[a:b,>:c]`, booleans `True`/`False`. Sizes accept a plain byte count or a unit suffix
+// (`512`, `64KiB`, `2MiB`, `80GiB`, also `KB`/`MB`/`GB` meaning the binary units).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cuarena {
+
+enum class Upstream { kVmm, kAsync, kMalloc };
+
+struct Config {
+  /// Requests of at most this many bytes are served from size-class slabs.
+  std::size_t small_limit = std::size_t{1} << 20;
+  /// Size classes per power of two (>= 1; the default 4 bounds rounding waste to 1/8).
+  unsigned size_classes_per_doubling = 4;
+  /// Target slab span in bytes; a slab holds max(1, slab_size / class_size) blocks.
+  std::size_t slab_size = std::size_t{2} << 20;
+  /// Fraction of the memory limit below which a miss maps fresh granules; at or above it, a miss
+  /// first steals cached free granules (defragmentation). 0 (default): always reuse first.
+  double defrag_threshold = 0.0;
+  /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
+  double per_process_memory_fraction = 1.0;
+  /// Virtual address space reserved per arena, in bytes; 0 picks 4x the device capacity.
+  std::size_t va_reserve = 0;
+  /// Which device upstream serves physical memory (CUDA backends; ignored by the simulator).
+  Upstream upstream = Upstream::kVmm;
+  /// SimBackend only: an event completes this many clock ticks after it is recorded.
+  std::uint64_t sim_event_latency = 8;
+  /// SimBackend only: simulated device capacity in bytes (0: 143771 MiB, the recorded H200).
+  std::size_t sim_capacity = 0;
+  /// SimBackend only: simulated granule size in bytes.
+  std::size_t sim_granularity = std::size_t{2} << 20;
+
+  /// Parses `text` into a Config starting from the defaults. Throws ConfigError naming the key,
+  /// the character position and the valid keys (unknown key) or the expected form (bad value).
+  static Config parse(std::string_view text);
+
+  /// Parses the environment variable `CUARENA_CONF` (defaults when unset or empty).
+  static Config from_env();
+
+  /// The keys parse() accepts.
+  static const std::vector<std::string>& keys();
+
+  /// The configuration in parse() syntax; parse(to_string()) == *this.
+  std::string to_string() const;
+
+  bool operator==(const Config&) const = default;
+};
+
+/// Parses a size such as `512`, `64KiB`, `2MiB`, `80GiB`. Throws ConfigError on bad input
+/// (negative, empty, unknown unit, overflow); `what` names the value in the message.
+std::size_t parse_size(std::string_view text, std::string_view what);
+
+/// Formats bytes for people: `1.50 GiB`, `512 B`.
+std::string format_bytes(std::size_t bytes);
+
+}  // namespace cuarena

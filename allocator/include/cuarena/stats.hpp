@@ -1,0 +1,72 @@
+// Allocator statistics under PyTorch's names (torch.cuda.memory_stats()) plus cuarena's own.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace cuarena {
+
+/// One counter as PyTorch keeps it: current value, its peak, and the running totals of increases
+/// (`allocated`) and decreases (`freed`).
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+
+  void increase(std::int64_t amount) {
+    current += amount;
+    allocated += amount;
+    if (current > peak) peak = current;
+  }
+  void decrease(std::int64_t amount) {
+    current -= amount;
+    freed += amount;
+  }
+  void reset_peak() { peak = current; }
+};
+
+/// PyTorch's pool split: `all`, `small_pool` (requests served from slabs), `large_pool`.
+enum class Pool : int { kAll = 0, kSmall = 1, kLarge = 2 };
+using StatArray = std::array<Stat, 3>;
+
+struct Stats {
+  // PyTorch's memory_stats() families. Units: bytes for *_bytes, counts otherwise.
+  StatArray allocation;            ///< live allocations
+  StatArray segment;               ///< small: live slabs; large: reserved virtual arenas
+  StatArray active;                ///< allocations plus frees waiting on other streams' events
+  StatArray inactive_split;        ///< free blocks held inside reserved memory
+  StatArray allocated_bytes;       ///< sum of rounded sizes of live allocations
+  StatArray reserved_bytes;        ///< physical memory held (mapped granules)
+  StatArray active_bytes;          ///< allocated_bytes plus pending-free bytes
+  StatArray inactive_split_bytes;  ///< reserved_bytes - active_bytes
+  StatArray requested_bytes;       ///< sum of requested sizes of live allocations
+  Stat oversize_allocations;       ///< always 0: cuarena has no max_split_size pool
+  Stat oversize_segments;          ///< always 0
+  std::int64_t num_alloc_retries = 0;     ///< allocations that needed the slow (defrag) path
+  std::int64_t num_ooms = 0;              ///< OutOfMemoryError thrown
+  std::int64_t num_sync_all_streams = 0;  ///< host waits on events (out-of-memory path only)
+  std::int64_t num_device_alloc = 0;      ///< backend map() calls
+  std::int64_t num_device_free = 0;       ///< backend unmap() calls
+  std::int64_t max_split_size = -1;
+
+  // cuarena's own counters (cumulative unless noted).
+  std::int64_t granules_mapped = 0;    ///< granules mapped
+  std::int64_t granules_unmapped = 0;  ///< granules unmapped
+  std::int64_t granules_stolen = 0;    ///< cached granules unmapped to back another request
+  std::int64_t defrag_passes = 0;      ///< defragmentation passes run
+  std::int64_t stitched_ranges = 0;    ///< requests backed by granules reclaimed elsewhere
+  std::int64_t slabs_created = 0;
+  std::int64_t slabs_released = 0;
+  std::int64_t events_recorded = 0;       ///< backend events recorded
+  std::int64_t cross_stream_reuses = 0;   ///< blocks reused by a stream other than the freeing one
+  std::int64_t pending_frees = 0;         ///< current: frees waiting on events (record_stream)
+
+  /// Flattened under PyTorch's key names (`allocated_bytes.all.current`, `num_ooms`, ...) and
+  /// cuarena's (`cuarena.granules_mapped`, ...).
+  std::map<std::string, std::int64_t> to_map() const;
+};
+
+}  // namespace cuarena

@@ -1,0 +1,80 @@
+// SlabArena: small requests from size-class slabs.
+//
+// A slab is one allocated BlockPool block of `per_slab` equal slots of one size class, owned by
+// one stream (slots freed there are reused there at once, in stream order). Slot metadata lives
+// on the host: device memory is never touched. Untouched slots are handed out by a bump index,
+// freed ones from a LIFO stack, so making a slab costs O(1) whatever its slot count.
+//
+// Invariants kept here: a slab is in its class's `partial` set iff 0 < free slots and it is not
+// the cached empty slab; `empty` holds at most one slab per (stream, class) with every slot free;
+// every other slab has at least one slot in use. A slab that empties while another empty one is
+// cached returns its block to the pool, and release_empty() returns the cached ones, so small and
+// large requests share physical memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "block_pool.hpp"
+#include "cuarena/size_classes.hpp"
+
+namespace cuarena::detail {
+
+struct Slab {
+  Block* block = nullptr;
+  StreamId stream = 0;
+  std::uint32_t cls = 0;
+  std::uint32_t slot_size = 0;
+  std::uint32_t slots = 0;
+  std::uint32_t used = 0;         ///< slots currently allocated
+  std::uint32_t bumped = 0;       ///< slots [0, bumped) have been handed out at least once
+  std::vector<std::uint32_t> freed;  ///< freed slot indices below `bumped`
+  Link<Slab> all;                    ///< SlabArena::all_
+  DevicePtr base() const { return block->addr; }
+};
+
+struct ByAddress {
+  bool operator()(const Slab* a, const Slab* b) const { return a->base() < b->base(); }
+};
+
+class SlabArena {
+ public:
+  SlabArena(Context& ctx, BlockPool& pool, const SizeClasses& classes)
+      : ctx_(ctx), pool_(pool), classes_(classes) {}
+  ~SlabArena();
+  SlabArena(const SlabArena&) = delete;
+  SlabArena& operator=(const SlabArena&) = delete;
+
+  /// A slot of class `cls` for `stream`; nullptr when a new slab cannot be had (pool refused).
+  DevicePtr allocate(std::size_t cls, StreamId stream, Slab*& slab);
+  /// Returns a slot to its slab (on the slab's stream).
+  void deallocate(Slab* slab, DevicePtr ptr);
+  /// Returns every cached empty slab to the pool. Returns bytes returned.
+  std::size_t release_empty();
+
+  /// Bytes in free slots of live slabs, and the largest run of them (contiguous free slots).
+  void free_extents(std::size_t& total, std::size_t& largest) const;
+  std::size_t slab_bytes() const { return slab_bytes_; }
+  void check_invariants() const;
+
+ private:
+  struct ClassState {
+    std::set<Slab*, ByAddress> partial;  // lowest address first: keeps high slabs emptying
+    Slab* empty = nullptr;
+  };
+  std::vector<ClassState>& stream_classes(StreamId stream);
+  Slab* new_slab(std::size_t cls, StreamId stream);
+  void release(Slab* slab);
+
+  Context& ctx_;
+  BlockPool& pool_;
+  const SizeClasses& classes_;
+  std::unordered_map<StreamId, std::vector<ClassState>> streams_;
+  IntrusiveList<Slab, &Slab::all> all_;  // every live slab, full ones included
+  std::size_t slab_bytes_ = 0;
+};
+
+}  // namespace cuarena::detail

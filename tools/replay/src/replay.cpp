@@ -1,0 +1,311 @@
+#include "replay.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <iterator>
+#include <set>
+#include <unordered_map>
+
+#include "cuarena/allocator.hpp"
+#include "cuarena/sim_backend.hpp"
+
+namespace cuarena::replay {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A set of disjoint half-open address ranges (the recording allocator's mapped segments).
+class RangeSet {
+ public:
+  void add(std::uint64_t lo, std::uint64_t hi) {
+    remove(lo, hi);
+    ranges_[lo] = hi;
+  }
+  void remove(std::uint64_t lo, std::uint64_t hi) {
+    auto it = ranges_.lower_bound(lo);
+    if (it != ranges_.begin()) --it;
+    while (it != ranges_.end() && it->first < hi) {
+      const std::uint64_t a = it->first, b = it->second;
+      if (b <= lo) {
+        ++it;
+        continue;
+      }
+      it = ranges_.erase(it);
+      if (a < lo) ranges_[a] = lo;
+      if (b > hi) ranges_[hi] = b;
+    }
+  }
+  const std::map<std::uint64_t, std::uint64_t>& ranges() const { return ranges_; }
+
+ private:
+  std::map<std::uint64_t, std::uint64_t> ranges_;
+};
+
+std::int64_t segment_delta(const Event& e) {
+  switch (e.action) {
+    case Action::kSegmentAlloc:
+    case Action::kSegmentMap:
+      return std::int64_t(e.size);
+    case Action::kSegmentFree:
+    case Action::kSegmentUnmap:
+      return -std::int64_t(e.size);
+    default:
+      return 0;
+  }
+}
+
+std::uint64_t pytorch_rounded(std::uint64_t size) {
+  return size < 512 ? 512 : (size + 511) / 512 * 512;
+}
+
+}  // namespace
+
+std::vector<Event> device_events(const std::vector<Event>& all, int device) {
+  std::vector<Event> out;
+  std::copy_if(all.begin(), all.end(), std::back_inserter(out),
+               [device](const Event& e) { return e.device == device; });
+  return out;
+}
+
+std::vector<int> devices_in(const std::vector<Event>& all) {
+  std::set<int> seen;
+  for (const Event& e : all) seen.insert(e.device);
+  return {seen.begin(), seen.end()};
+}
+
+std::uint64_t peak_requested(const std::vector<Event>& events) {
+  std::unordered_map<std::uint64_t, std::uint64_t> live;
+  std::uint64_t current = 0, peak = 0;
+  for (const Event& e : events) {
+    if (e.action == Action::kAlloc) {
+      auto [it, inserted] = live.try_emplace(e.addr, e.size);
+      if (!inserted) {  // the trace lost this address's free: drop the old one
+        current -= it->second;
+        it->second = e.size;
+      }
+      current += e.size;
+      peak = std::max(peak, current);
+    } else if (e.action == Action::kFreeCompleted) {
+      auto it = live.find(e.addr);
+      if (it == live.end()) continue;
+      current -= it->second;
+      live.erase(it);
+    }
+  }
+  return peak;
+}
+
+Result replay_recorded(const std::vector<Event>& events) {
+  const auto start = Clock::now();
+  Result r;
+  r.allocator = "recorded";
+  r.backend = "trace";
+  std::int64_t reserved = 0, peak = 0;
+  std::size_t peak_index = 0;
+  std::unordered_map<std::uint64_t, std::uint64_t> live;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    reserved += segment_delta(e);
+    if (reserved > peak) {
+      peak = reserved;
+      peak_index = i;
+    }
+    switch (e.action) {
+      case Action::kAlloc:
+        ++r.allocs;
+        live[e.addr] = e.size;
+        break;
+      case Action::kFreeCompleted:
+        if (live.erase(e.addr)) ++r.frees;
+        else ++r.skipped_events;
+        break;
+      case Action::kOom:
+        ++r.ooms;
+        break;
+      case Action::kOther:
+        ++r.skipped_events;
+        break;
+      default:
+        break;
+    }
+  }
+  r.peak_reserved_bytes = std::uint64_t(std::max<std::int64_t>(peak, 0));
+
+  // Fragmentation at the peak: rebuild segments and live blocks up to that event. Block sizes
+  // are the requests rounded as PyTorch rounds them; unsplit remainders count as free.
+  if (peak > 0) {
+    RangeSet mapped;
+    std::map<std::uint64_t, std::uint64_t> blocks;
+    for (std::size_t i = 0; i <= peak_index; ++i) {
+      const Event& e = events[i];
+      if (e.action == Action::kSegmentAlloc || e.action == Action::kSegmentMap)
+        mapped.add(e.addr, e.addr + e.size);
+      else if (e.action == Action::kSegmentFree || e.action == Action::kSegmentUnmap)
+        mapped.remove(e.addr, e.addr + e.size);
+      else if (e.action == Action::kAlloc)
+        blocks[e.addr] = pytorch_rounded(e.size);
+      else if (e.action == Action::kFreeCompleted)
+        blocks.erase(e.addr);
+    }
+    std::uint64_t total = 0, largest = 0;
+    for (const auto& [lo, hi] : mapped.ranges()) {
+      std::uint64_t pos = lo;
+      for (auto it = blocks.lower_bound(lo); it != blocks.end() && it->first < hi; ++it) {
+        if (it->first > pos) {
+          total += it->first - pos;
+          largest = std::max(largest, it->first - pos);
+        }
+        pos = std::max(pos, std::min(hi, it->first + it->second));
+      }
+      if (hi > pos) {
+        total += hi - pos;
+        largest = std::max(largest, hi - pos);
+      }
+    }
+    r.external_fragmentation = total == 0 ? 0.0 : 1.0 - double(largest) / double(total);
+  }
+  r.peak_requested_bytes = peak_requested(events);
+  r.reserved_ratio =
+      r.peak_requested_bytes ? double(r.peak_reserved_bytes) / double(r.peak_requested_bytes) : 0;
+  r.elapsed_s = seconds_since(start);
+  return r;
+}
+
+namespace {
+
+struct SimRun {
+  std::uint64_t ooms = 0, allocs = 0, frees = 0, skipped = 0;
+  std::uint64_t peak_reserved = 0;
+  std::size_t peak_index = 0;
+  Allocator::Fragmentation frag;
+  std::map<std::string, std::int64_t> counters;
+};
+
+SimBackend::Options sim_options(const SimOptions& o) {
+  SimBackend::Options so;
+  if (o.capacity) so.capacity = o.capacity;
+  else if (o.config.sim_capacity) so.capacity = o.config.sim_capacity;
+  so.granularity = o.config.sim_granularity;
+  so.event_latency = o.config.sim_event_latency;
+  return so;
+}
+
+// Replays events[0, stop) (all when stop is npos); measures fragmentation at `stop`.
+SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std::size_t stop) {
+  SimBackend sim(sim_options(options));
+  Allocator alloc(sim, options.config);
+  std::unordered_map<std::uint64_t, void*> live;  // trace address -> cuarena pointer
+  SimRun run;
+  const std::size_t end = stop == std::string::npos ? events.size() : std::min(stop + 1, events.size());
+  for (std::size_t i = 0; i < end; ++i) {
+    const Event& e = events[i];
+    sim.advance(1);
+    switch (e.action) {
+      case Action::kAlloc: {
+        ++run.allocs;
+        auto old = live.find(e.addr);
+        if (old != live.end()) {  // the trace lost this address's free
+          if (old->second) alloc.deallocate(old->second);
+          live.erase(old);
+          ++run.skipped;
+        }
+        void* p = nullptr;
+        try {
+          p = alloc.allocate(e.size, e.stream);
+        } catch (const OutOfMemoryError&) {
+          ++run.ooms;
+        }
+        live.emplace(e.addr, p);  // nullptr: failed; its free is then a no-op
+        break;
+      }
+      case Action::kFreeCompleted: {
+        auto it = live.find(e.addr);
+        if (it == live.end()) {
+          ++run.skipped;
+          break;
+        }
+        ++run.frees;
+        if (it->second) alloc.deallocate(it->second);
+        live.erase(it);
+        break;
+      }
+      case Action::kOther:
+        ++run.skipped;
+        break;
+      default:
+        break;
+    }
+    if (sim.mapped_bytes() > run.peak_reserved) {
+      run.peak_reserved = sim.mapped_bytes();
+      run.peak_index = i;
+    }
+  }
+  if (stop != std::string::npos) run.frag = alloc.fragmentation();
+  const Stats s = alloc.stats();
+  run.counters = {{"num_device_alloc", s.num_device_alloc},
+                  {"num_device_free", s.num_device_free},
+                  {"granules_stolen", s.granules_stolen},
+                  {"stitched_ranges", s.stitched_ranges},
+                  {"defrag_passes", s.defrag_passes},
+                  {"num_sync_all_streams", s.num_sync_all_streams},
+                  {"slabs_created", s.slabs_created},
+                  {"cross_stream_reuses", s.cross_stream_reuses}};
+  return run;
+}
+
+}  // namespace
+
+Result replay_cuarena(const std::vector<Event>& events, const SimOptions& options) {
+  const auto start = Clock::now();
+  SimRun run = run_sim(events, options, std::string::npos);
+  Result r;
+  r.allocator = "cuarena";
+  r.backend = "sim";
+  r.ooms = run.ooms;
+  r.allocs = run.allocs;
+  r.frees = run.frees;
+  r.skipped_events = run.skipped;
+  r.peak_reserved_bytes = run.peak_reserved;
+  r.counters = run.counters;
+  r.elapsed_s = seconds_since(start);
+  // Fragmentation at the peak: the replay is deterministic, so run again up to that event.
+  if (run.peak_reserved > 0) {
+    const SimRun at_peak = run_sim(events, options, run.peak_index);
+    r.external_fragmentation = at_peak.frag.external();
+    r.rounding_waste_bytes = at_peak.frag.rounding_waste;
+  }
+  r.peak_requested_bytes = peak_requested(events);
+  r.reserved_ratio =
+      r.peak_requested_bytes ? double(r.peak_reserved_bytes) / double(r.peak_requested_bytes) : 0;
+  return r;
+}
+
+std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& options,
+                           std::uint64_t known_good) {
+  const std::uint64_t g = options.config.sim_granularity;
+  auto fits = [&](std::uint64_t capacity) {
+    SimOptions o = options;
+    o.capacity = capacity;
+    return run_sim(events, o, std::string::npos).ooms == 0;
+  };
+  std::uint64_t hi = (known_good + g - 1) / g;  // in granules
+  while (!fits(hi * g)) {
+    if (hi * g > (std::uint64_t{1} << 50)) return 0;  // nothing reasonable fits
+    hi *= 2;
+  }
+  std::uint64_t lo = peak_requested(events) / g;  // below this nothing can fit
+  if (lo > 0) --lo;
+  while (hi - lo > 1) {  // invariant: hi fits, lo does not (or is the floor)
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    if (fits(mid * g)) hi = mid;
+    else lo = mid;
+  }
+  return hi * g;
+}
+
+}  // namespace cuarena::replay

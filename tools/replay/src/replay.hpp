@@ -1,0 +1,57 @@
+// Replaying a trace through an allocator and measuring it (metric names from DESIGN.md).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuarena/config.hpp"
+#include "trace.hpp"
+
+namespace cuarena::replay {
+
+struct Result {
+  std::string trace;
+  std::string allocator;  ///< "recorded" or "cuarena"
+  std::string backend;    ///< "trace" for recorded, "sim" for the simulator
+  int device = 0;
+  std::uint64_t peak_requested_bytes = 0;
+  std::uint64_t peak_reserved_bytes = 0;
+  double reserved_ratio = 0;
+  std::optional<std::uint64_t> min_capacity_bytes;
+  double external_fragmentation = 0;  ///< at the moment of peak reserved
+  std::uint64_t rounding_waste_bytes = 0;  ///< allocated - requested at that moment
+  std::uint64_t ooms = 0;
+  std::uint64_t allocs = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t skipped_events = 0;  ///< frees of never-seen addresses, unknown actions
+  double elapsed_s = 0;
+  std::map<std::string, std::int64_t> counters;  ///< allocator-specific extras
+};
+
+/// Events of one device, in trace order.
+std::vector<Event> device_events(const std::vector<Event>& all, int device);
+/// Devices that have events, ascending.
+std::vector<int> devices_in(const std::vector<Event>& all);
+
+/// The largest sum of live requested bytes (alloc adds, free_completed of a seen alloc removes).
+std::uint64_t peak_requested(const std::vector<Event>& events);
+
+/// The recording allocator's reserved bytes rebuilt from segment_* events.
+Result replay_recorded(const std::vector<Event>& events);
+
+struct SimOptions {
+  Config config;
+  std::size_t capacity = 0;  ///< bytes; 0: config.sim_capacity or the recorded H200's
+};
+
+/// Replays through cuarena on the SimBackend.
+Result replay_cuarena(const std::vector<Event>& events, const SimOptions& options);
+
+/// Smallest capacity (a granule multiple) under which replay_cuarena has no out-of-memory.
+std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& options,
+                           std::uint64_t known_good);
+
+}  // namespace cuarena::replay

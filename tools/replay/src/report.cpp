@@ -1,0 +1,88 @@
+#include "report.hpp"
+
+#include <fstream>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cuarena/config.hpp"
+
+namespace cuarena::replay {
+
+void print_table(std::ostream& out, const std::vector<Result>& results) {
+  bool any_min = false;
+  for (const Result& r : results) any_min = any_min || r.min_capacity_bytes.has_value();
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> head = {"trace", "allocator", "backend", "peak requested",
+                                   "peak reserved", "ratio"};
+  if (any_min) head.push_back("min capacity");
+  for (const char* h : {"ext.frag", "OOMs", "allocs", "skipped", "time s"}) head.push_back(h);
+  rows.push_back(head);
+  auto fixed = [](double v, int digits) {
+    std::ostringstream s;
+    s << std::fixed << std::setprecision(digits) << v;
+    return s.str();
+  };
+  for (const Result& r : results) {
+    std::vector<std::string> row = {r.trace,
+                                    r.allocator,
+                                    r.backend,
+                                    format_bytes(r.peak_requested_bytes),
+                                    format_bytes(r.peak_reserved_bytes),
+                                    fixed(r.reserved_ratio, 4)};
+    if (any_min)
+      row.push_back(r.min_capacity_bytes ? format_bytes(*r.min_capacity_bytes) : "-");
+    row.push_back(fixed(r.external_fragmentation, 3));
+    row.push_back(std::to_string(r.ooms));
+    row.push_back(std::to_string(r.allocs));
+    row.push_back(std::to_string(r.skipped_events));
+    row.push_back(fixed(r.elapsed_s, 3));
+    rows.push_back(row);
+  }
+  std::vector<std::size_t> width(head.size(), 0);
+  for (const auto& row : rows)
+    for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    for (std::size_t c = 0; c < rows[i].size(); ++c) {
+      const bool left = c < 3;
+      out << (c ? "  " : "") << (left ? std::left : std::right) << std::setw(int(width[c]))
+          << rows[i][c];
+    }
+    out << '\n';
+    if (i == 0) {
+      std::size_t total = 0;
+      for (std::size_t w : width) total += w + 2;
+      out << std::string(total - 2, '-') << '\n';
+    }
+  }
+}
+
+void write_json(const std::string& path, const std::vector<Result>& results) {
+  nlohmann::json doc;
+  doc["results"] = nlohmann::json::array();
+  for (const Result& r : results) {
+    nlohmann::json j = {{"trace", r.trace},
+                        {"allocator", r.allocator},
+                        {"backend", r.backend},
+                        {"device", r.device},
+                        {"peak_requested_bytes", r.peak_requested_bytes},
+                        {"peak_reserved_bytes", r.peak_reserved_bytes},
+                        {"reserved_ratio", r.reserved_ratio},
+                        {"external_fragmentation", r.external_fragmentation},
+                        {"rounding_waste_bytes", r.rounding_waste_bytes},
+                        {"ooms", r.ooms},
+                        {"allocs", r.allocs},
+                        {"frees", r.frees},
+                        {"skipped_events", r.skipped_events},
+                        {"elapsed_s", r.elapsed_s}};
+    if (r.min_capacity_bytes) j["min_capacity_bytes"] = *r.min_capacity_bytes;
+    if (!r.counters.empty()) j["counters"] = r.counters;
+    doc["results"].push_back(j);
+  }
+  std::ofstream out(path);
+  if (!out) throw TraceError(path + ": cannot open for writing");
+  out << doc.dump(2) << '\n';
+  if (!out) throw TraceError(path + ": write failed");
+}
+
+}  // namespace cuarena::replay

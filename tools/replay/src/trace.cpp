@@ -1,0 +1,235 @@
+#include "trace.hpp"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+extern char** environ;
+
+namespace cuarena::replay {
+
+namespace {
+
+constexpr char kMagic[8] = {'C', 'U', 'A', 'T', 'R', 'A', 'C', 'E'};
+constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kRecordSize = 40;
+
+[[noreturn]] void fail(const std::string& path, const std::string& problem) {
+  throw TraceError(path + ": " + problem);
+}
+
+template <class T>
+T load_le(const unsigned char* p) {
+  T v = 0;
+  for (std::size_t i = 0; i < sizeof(T); ++i) v |= T(p[i]) << (8 * i);
+  return v;
+}
+
+template <class T>
+void store_le(unsigned char* p, T v) {
+  for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<unsigned char>(std::uint64_t(v) >> (8 * i));
+}
+
+struct GzCloser {
+  void operator()(gzFile f) const { gzclose(f); }
+};
+using GzPtr = std::unique_ptr<gzFile_s, GzCloser>;
+
+// Reads exactly n bytes; returns bytes read (short on EOF); throws on a zlib error.
+std::size_t read_some(gzFile f, const std::string& path, void* buf, std::size_t n) {
+  std::size_t got = 0;
+  while (got < n) {
+    const int r = gzread(f, static_cast<char*>(buf) + got, unsigned(std::min<std::size_t>(n - got, 1u << 30)));
+    if (r < 0) {
+      int code = 0;
+      const char* msg = gzerror(f, &code);
+      fail(path, std::string("corrupt or truncated gzip data (") + msg + ")");
+    }
+    if (r == 0) break;
+    got += std::size_t(r);
+  }
+  return got;
+}
+
+GzPtr open_gz(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail(path, "no such file");
+  if (std::filesystem::is_directory(path, ec)) fail(path, "is a directory, not a trace");
+  GzPtr f(gzopen(path.c_str(), "rb"));
+  if (!f) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  return f;
+}
+
+bool is_cuat(const std::string& path) {
+  GzPtr f = open_gz(path);
+  char magic[8];
+  const std::size_t got = read_some(f.get(), path, magic, sizeof magic);
+  return got == sizeof magic && std::memcmp(magic, kMagic, sizeof magic) == 0;
+}
+
+std::string python_executable() {
+  if (const char* p = std::getenv("CUARENA_PYTHON")) return p;
+  return CUARENA_PYTHON_EXECUTABLE;
+}
+
+std::string converter_script() {
+  if (const char* p = std::getenv("CUARENA_TRACE_SCRIPT")) return p;
+  return CUARENA_TRACE_SCRIPT;
+}
+
+// Runs the converter, returning its exit status and stderr text.
+int run_converter(const std::string& in, const std::string& out, std::string& err_text) {
+  int pipefd[2];
+  if (pipe(pipefd) != 0) fail(in, "cannot create a pipe for the trace converter");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipefd[1], STDERR_FILENO);
+  posix_spawn_file_actions_addclose(&actions, pipefd[0]);
+  const std::string py = python_executable(), script = converter_script();
+  std::vector<std::string> args = {py, script, "convert", in, out};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, py.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(pipefd[1]);
+  if (rc != 0) {
+    close(pipefd[0]);
+    fail(in, "cannot run the trace converter '" + py + "': " + std::strerror(rc));
+  }
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof buf)) > 0) err_text.append(buf, std::size_t(n));
+  close(pipefd[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+std::vector<Event> read_cuat(const std::string& path) {
+  GzPtr f = open_gz(path);
+  unsigned char header[32];
+  if (read_some(f.get(), path, header, sizeof header) != sizeof header ||
+      std::memcmp(header, kMagic, sizeof kMagic) != 0) {
+    fail(path, "not a cuarena trace (bad magic)");
+  }
+  const auto version = load_le<std::uint32_t>(header + 8);
+  const auto record_size = load_le<std::uint32_t>(header + 12);
+  const auto count = load_le<std::uint64_t>(header + 16);
+  if (version != kVersion) fail(path, "unsupported cuarena trace version " + std::to_string(version));
+  if (record_size != kRecordSize) fail(path, "unexpected record size " + std::to_string(record_size));
+  if (count > (std::uint64_t{1} << 34)) fail(path, "implausible event count " + std::to_string(count));
+  std::vector<Event> events;
+  events.reserve(std::size_t(std::min<std::uint64_t>(count, 1u << 24)));
+  std::vector<unsigned char> buf(kRecordSize * 4096);
+  std::uint64_t left = count;
+  while (left > 0) {
+    const std::size_t batch = std::size_t(std::min<std::uint64_t>(left, 4096));
+    const std::size_t want = batch * kRecordSize;
+    if (read_some(f.get(), path, buf.data(), want) != want) {
+      fail(path, "truncated: header promises " + std::to_string(count) + " events, file has " +
+                     std::to_string(count - left + 0) + "+");
+    }
+    for (std::size_t i = 0; i < batch; ++i) {
+      const unsigned char* r = buf.data() + i * kRecordSize;
+      Event e;
+      e.action = static_cast<Action>(r[0]);
+      e.device = load_le<std::uint16_t>(r + 2);
+      e.stream = load_le<std::uint64_t>(r + 8);
+      e.addr = load_le<std::uint64_t>(r + 16);
+      e.size = load_le<std::uint64_t>(r + 24);
+      e.time_us = load_le<std::int64_t>(r + 32);
+      if (e.size > (std::uint64_t{1} << 62) && e.action != Action::kOom) {
+        fail(path, "event " + std::to_string(events.size()) + " has an implausible size " +
+                       std::to_string(e.size));
+      }
+      events.push_back(e);
+    }
+    left -= batch;
+  }
+  char extra;
+  if (read_some(f.get(), path, &extra, 1) != 0) fail(path, "trailing bytes after the last event");
+  return events;
+}
+
+void write_cuat(const std::string& path, const std::vector<Event>& events) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out) throw TraceError(path + ": cannot open for writing");
+  unsigned char header[32] = {};
+  std::memcpy(header, kMagic, sizeof kMagic);
+  store_le<std::uint32_t>(header + 8, kVersion);
+  store_le<std::uint32_t>(header + 12, kRecordSize);
+  store_le<std::uint64_t>(header + 16, events.size());
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  for (const Event& e : events) {
+    unsigned char r[kRecordSize] = {};
+    r[0] = static_cast<unsigned char>(e.action);
+    store_le<std::uint16_t>(r + 2, e.device);
+    store_le<std::uint64_t>(r + 8, e.stream);
+    store_le<std::uint64_t>(r + 16, e.addr);
+    store_le<std::uint64_t>(r + 24, e.size);
+    store_le<std::int64_t>(r + 32, e.time_us);
+    out.write(reinterpret_cast<const char*>(r), sizeof r);
+  }
+  if (!out) throw TraceError(path + ": write failed");
+}
+
+std::vector<Event> load_trace(const std::string& path) {
+  if (is_cuat(path)) return read_cuat(path);
+  char tmpl[] = "/tmp/cuarena-trace-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) fail(path, "cannot create a temporary file for conversion");
+  close(fd);
+  const std::string tmp = tmpl;
+  std::string err;
+  int rc = 0;
+  try {
+    rc = run_converter(path, tmp, err);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (rc != 0) {
+    std::remove(tmp.c_str());
+    // The converter prints one line "cuarena-trace: PATH: PROBLEM"; pass on the last line.
+    while (!err.empty() && (err.back() == '\n' || err.back() == '\r')) err.pop_back();
+    const std::size_t nl = err.rfind('\n');
+    std::string line = nl == std::string::npos ? err : err.substr(nl + 1);
+    const std::string prefix = "cuarena-trace: ";
+    if (line.rfind(prefix, 0) == 0) throw TraceError(line.substr(prefix.size()));
+    fail(path, "trace converter failed (exit " + std::to_string(rc) + ")" + (line.empty() ? "" : ": " + line));
+  }
+  std::vector<Event> events;
+  try {
+    events = read_cuat(tmp);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  std::remove(tmp.c_str());
+  return events;
+}
+
+std::string trace_name(const std::string& path) {
+  std::string name = std::filesystem::path(path).filename().string();
+  for (const char* ext : {".gz", ".pickle", ".pkl", ".cuat", ".csv"}) {
+    const std::string e = ext;
+    if (name.size() > e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0)
+      name.erase(name.size() - e.size());
+  }
+  return name;
+}
+
+}  // namespace cuarena::replay

@@ -1,0 +1,54 @@
+// Trace input for the replayer: the compact `.cuat` format (tools/trace/FORMAT.md), read here,
+// and everything else (PyTorch snapshots, RMM CSVs) converted to it by tools/trace/cuarena_trace.py,
+// which uses Python's own pickle.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cuarena::replay {
+
+enum class Action : std::uint8_t {
+  kAlloc = 0,
+  kFreeRequested = 1,
+  kFreeCompleted = 2,
+  kSegmentAlloc = 3,
+  kSegmentFree = 4,
+  kSegmentMap = 5,
+  kSegmentUnmap = 6,
+  kOom = 7,
+  kSnapshot = 8,
+  kOther = 255,
+};
+
+struct Event {
+  Action action;
+  std::uint16_t device;
+  std::uint64_t stream;
+  std::uint64_t addr;
+  std::uint64_t size;
+  std::int64_t time_us;
+};
+
+/// A trace that could not be read; what() is one line naming the file and the problem.
+class TraceError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Reads a `.cuat` / `.cuat.gz` file. Throws TraceError.
+std::vector<Event> read_cuat(const std::string& path);
+
+/// Writes events as an uncompressed `.cuat` file. Throws TraceError.
+void write_cuat(const std::string& path, const std::vector<Event>& events);
+
+/// Reads any supported trace: `.cuat` directly, anything else through the Python converter.
+/// Throws TraceError.
+std::vector<Event> load_trace(const std::string& path);
+
+/// The trace's name for reports: the file name without `.pickle`, `.gz`, `.cuat`, `.csv`.
+std::string trace_name(const std::string& path);
+
+}  // namespace cuarena::replay

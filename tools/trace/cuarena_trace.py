@@ -1,0 +1,632 @@
+#!/usr/bin/env python3
+"""Convert allocation traces to the cuarena trace format (``.cuat``) and summarise them.
+
+The output format is specified byte for byte in ``tools/trace/FORMAT.md`` (a 32-byte header and
+40-byte little-endian records); this module is its reference writer.
+
+Inputs are recognised by content, never by file name:
+
+* gzip data (magic ``1f 8b``) is decompressed first, then sniffed again;
+* ``CUATRACE`` -- an existing ``.cuat`` file: validated and copied through;
+* a pickle (protocol byte ``0x80``) -- a PyTorch memory snapshot
+  (``torch.cuda.memory._snapshot()``), read with a restricted unpickler that refuses every
+  global, so a hostile pickle cannot run code;
+* text whose first line names the columns ``Action`` and ``Pointer`` -- an RMM
+  ``logging_resource_adaptor`` CSV (``Thread,Time,Action,Pointer,Size,Stream``).
+
+Command line::
+
+    cuarena_trace.py convert INPUT OUTPUT   # OUTPUT '-' is stdout; OUTPUT ending in .gz is gzipped
+    cuarena_trace.py info [--json] INPUT    # event counts, devices, streams, peaks
+
+Any problem with the input is reported as one line, ``cuarena-trace: <path>: <problem>``, on
+stderr, with exit status 2.
+
+Library use: :func:`load_events` (or :func:`load_trace`, which also names the input format),
+:func:`write_cuat`, :func:`read_cuat` and :func:`summarize`. Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import gzip
+import io
+import json
+import os
+import pickle
+import re
+import stat
+import struct
+import sys
+import zlib
+from typing import BinaryIO, Iterable, NamedTuple
+
+# --- the format (FORMAT.md) ------------------------------------------------------------------
+
+MAGIC = b"CUATRACE"
+VERSION = 1
+HEADER = struct.Struct("<8sIIQQ")  # magic, version, record_size, event_count, reserved
+RECORD = struct.Struct("<BBHIQQQq")  # action, pad, device, pad, stream, addr, size, time_us
+assert HEADER.size == 32 and RECORD.size == 40
+
+ACTIONS = {
+    "alloc": 0,
+    "free_requested": 1,
+    "free_completed": 2,
+    "segment_alloc": 3,
+    "segment_free": 4,
+    "segment_map": 5,
+    "segment_unmap": 6,
+    "oom": 7,
+    "snapshot": 8,
+}
+OTHER = 255
+ACTION_NAMES = {code: name for name, code in ACTIONS.items()} | {OTHER: "other"}
+
+ALLOC, FREE_REQUESTED, FREE_COMPLETED = 0, 1, 2
+SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, OOM = 3, 4, 5, 6, 7
+
+U16_MAX = (1 << 16) - 1
+U64_MAX = (1 << 64) - 1
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+
+GZIP_MAGIC = b"\x1f\x8b"
+PICKLE_PROTO = b"\x80"
+UNKNOWN_INPUT = "not a PyTorch snapshot, RMM CSV or cuarena trace"
+
+
+class Event(NamedTuple):
+    """One trace record, in the field order of FORMAT.md (pads left out)."""
+
+    action: int
+    device: int
+    stream: int
+    addr: int
+    size: int
+    time_us: int
+
+
+class TraceError(Exception):
+    """The input (or output) cannot be used; the message says why, on one line."""
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def load_events(path: str) -> list[Event]:
+    """Read any supported trace file and return its events, devices in order."""
+    return load_trace(path)[1]
+
+
+def load_trace(path: str) -> tuple[str, list[Event]]:
+    """Read any supported trace file; return (format name, events).
+
+    Raises TraceError for unusable content and OSError when the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    return parse_bytes(data)
+
+
+def parse_bytes(data: bytes) -> tuple[str, list[Event]]:
+    """Sniff ``data`` (possibly gzip-compressed) and parse it; return (format name, events)."""
+    if data[:2] == GZIP_MAGIC:
+        data = _gunzip(data)
+    if data[: len(MAGIC)] == MAGIC:
+        return "cuarena-trace", read_cuat(data)
+    if data[:1] == PICKLE_PROTO:
+        return "pytorch-snapshot", snapshot_events(_unpickle(data))
+    if _looks_like_rmm_csv(data):
+        return "rmm-csv", rmm_csv_events(data)
+    raise TraceError("empty file: " + UNKNOWN_INPUT if not data else UNKNOWN_INPUT)
+
+
+def _gunzip(data: bytes) -> bytes:
+    try:
+        return gzip.decompress(data)
+    except EOFError:
+        raise TraceError("truncated gzip data (the compressed stream ends early)") from None
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise TraceError(f"corrupt gzip data: {e}") from None
+
+
+# --- PyTorch snapshots -----------------------------------------------------------------------
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """An unpickler that builds only built-in types: every global (class or function) is refused.
+
+    Unpickling an untrusted file with plain pickle can execute arbitrary code; PyTorch snapshots
+    hold only dicts, lists, strings, numbers and booleans, so nothing is lost by refusing.
+    """
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(
+            f"refusing to load global {module}.{name}: unpickling it could run code, "
+            "and PyTorch snapshots contain only built-in types"
+        )
+
+
+def _unpickle(data: bytes) -> object:
+    try:
+        return _SnapshotUnpickler(io.BytesIO(data)).load()
+    except pickle.UnpicklingError as e:
+        raise TraceError(f"bad pickle: {e}") from None
+    except EOFError:
+        raise TraceError("truncated pickle data") from None
+    except Exception as e:  # a malformed pickle can raise almost anything; none of it is a bug here
+        raise TraceError(f"corrupt pickle data ({type(e).__name__}: {e})") from None
+
+
+def snapshot_events(snapshot: object) -> list[Event]:
+    """Turn an unpickled PyTorch memory snapshot into events (device 0 first)."""
+    if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
+        kind = type(snapshot).__name__
+        raise TraceError(
+            f"not a PyTorch snapshot (top level is a {kind} without 'device_traces')"
+        )
+    traces = snapshot["device_traces"]
+    if not isinstance(traces, list):
+        raise TraceError(f"'device_traces' is a {type(traces).__name__}, expected a list")
+    if len(traces) > U16_MAX + 1:
+        raise TraceError(f"{len(traces)} devices; the format holds at most {U16_MAX + 1}")
+    events: list[Event] = []
+    for device, trace in enumerate(traces):
+        if not isinstance(trace, list):
+            raise TraceError(
+                f"device_traces[{device}] is a {type(trace).__name__}, expected a list"
+            )
+        for index, raw in enumerate(trace):
+            events.append(_snapshot_event(device, raw, f"device_traces[{device}][{index}]"))
+    return events
+
+
+def _snapshot_event(device: int, raw: object, where: str) -> Event:
+    """One snapshot event dict -> Event. Unknown actions get code 255 and lenient addr/size."""
+    if not isinstance(raw, dict):
+        raise TraceError(f"{where}: event is a {type(raw).__name__}, expected a dict")
+    action = _field(raw, "action", where)
+    if not isinstance(action, str):
+        raise TraceError(f"{where}: action is a {type(action).__name__}, expected a string")
+    code = ACTIONS.get(action, OTHER)
+    stream = _uint64(_field(raw, "stream", where), "stream", where)
+    time_us = _int64(_field(raw, "time_us", where), "time_us", where)
+    if code == OOM:  # an oom event has no addr (it carries device_free instead)
+        addr, size = 0, _uint64(_field(raw, "size", where), "size", where)
+    elif code == OTHER:  # skipped by the replayer: keep what is there, require nothing
+        addr = _uint64(raw.get("addr", 0), "addr", where)
+        size = _uint64(raw.get("size", 0), "size", where)
+    else:
+        addr = _uint64(_field(raw, "addr", where), "addr", where)
+        size = _uint64(_field(raw, "size", where), "size", where)
+    return Event(code, device, stream, addr, size, time_us)
+
+
+def _field(raw: dict, key: str, where: str) -> object:
+    try:
+        return raw[key]
+    except KeyError:
+        raise TraceError(f"{where}: missing key '{key}'") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _uint64(value: object, name: str, where: str) -> int:
+    if not _is_int(value):
+        raise TraceError(f"{where}: {name} is {value!r}, expected an integer")
+    if value < 0:
+        raise TraceError(f"{where}: negative {name} {value}")
+    if value > U64_MAX:
+        raise TraceError(f"{where}: {name} {value} does not fit in 64 bits")
+    return value
+
+
+def _int64(value: object, name: str, where: str) -> int:
+    if not _is_int(value):
+        raise TraceError(f"{where}: {name} is {value!r}, expected an integer")
+    if not I64_MIN <= value <= I64_MAX:
+        raise TraceError(f"{where}: {name} {value} does not fit in a signed 64-bit integer")
+    return value
+
+
+# --- RMM logging_resource_adaptor CSVs -------------------------------------------------------
+
+RMM_REQUIRED = ("Action", "Pointer", "Size", "Stream")
+RMM_ACTIONS = {"allocate": ALLOC, "free": FREE_COMPLETED, "allocate failure": OOM}
+_NULL_POINTERS = {"(nil)", "nil", "null", "nullptr"}  # printf("%p", NULL) writes "(nil)"
+_CLOCK = re.compile(r"([0-9]+):([0-9]{1,2}):([0-9]{1,2})(?:[.:,]([0-9]+))?")
+_NUMBER = re.compile(r"([0-9]+)(?:\.([0-9]*))?")
+_INTEGER = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")
+_DAY_US = 24 * 3600 * 1_000_000
+
+
+class _RmmRow(NamedTuple):
+    action: int  # FREE_COMPLETED stands for an RMM free, which becomes two events
+    stream: int
+    addr: int
+    size: int
+    time_us: int | None  # absolute (time of day); None when unreadable
+    line: int  # in the CSV file, for messages
+
+
+def _looks_like_rmm_csv(data: bytes) -> bool:
+    first = data.split(b"\n", 1)[0].removeprefix(b"\xef\xbb\xbf")
+    try:
+        names = {name.strip() for name in first.decode("utf-8").split(",")}
+    except UnicodeDecodeError:
+        return False
+    return "Action" in names and "Pointer" in names
+
+
+def rmm_csv_events(data: bytes) -> list[Event]:
+    """Turn an RMM ``logging_resource_adaptor`` CSV into events on device 0.
+
+    ``allocate`` -> alloc; ``free`` -> free_requested then free_completed (RMM frees are
+    stream-ordered and complete at once); ``allocate failure`` -> oom with addr 0; any other
+    action -> 255. Times are microseconds after the first row; if any row's Time cannot be
+    read, every event is stamped with its row index instead.
+    """
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise TraceError(f"line {line}: not UTF-8 text") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    rows: list[_RmmRow] = []
+    try:
+        header = next(reader)
+        columns = _rmm_columns(header)
+        for fields in reader:
+            if not any(field.strip() for field in fields):
+                continue  # blank line
+            rows.append(_rmm_row(fields, columns, len(header), reader.line_num))
+    except csv.Error as e:
+        raise TraceError(f"line {reader.line_num}: bad CSV ({e})") from None
+    return _rmm_events(rows)
+
+
+def _rmm_columns(header: list[str]) -> dict[str, int]:
+    """Column name -> index, from the header line; extra columns are allowed."""
+    columns = {name.strip(): i for i, name in enumerate(header)}
+    missing = [name for name in RMM_REQUIRED if name not in columns]
+    if missing:
+        raise TraceError(f"line 1: RMM CSV header lacks column(s) {', '.join(missing)}")
+    return columns
+
+
+def _rmm_row(fields: list[str], columns: dict[str, int], width: int, line: int) -> _RmmRow:
+    where = f"line {line}"
+    if len(fields) != width:
+        raise TraceError(f"{where}: {len(fields)} fields, the header has {width}")
+    code = RMM_ACTIONS.get(fields[columns["Action"]].strip(), OTHER)
+    addr = _rmm_int(fields[columns["Pointer"]], "Pointer", where)
+    size = _rmm_int(fields[columns["Size"]], "Size", where)
+    stream = _rmm_int(fields[columns["Stream"]], "Stream", where)
+    time = _rmm_time(fields[columns["Time"]]) if "Time" in columns else None
+    return _RmmRow(code, stream, 0 if code == OOM else addr, size, time, line)
+
+
+def _rmm_int(text: str, name: str, where: str) -> int:
+    """A hex (0x...) or decimal non-negative integer; a null pointer as printf writes it is 0."""
+    text = text.strip()
+    if text.lower() in _NULL_POINTERS:
+        return 0
+    if not _INTEGER.fullmatch(text):
+        raise TraceError(f"{where}: {name} {text!r} is not a hex or decimal integer")
+    return _uint64(int(text, 16 if text[:2].lower() == "0x" else 10), name, where)
+
+
+def _rmm_time(text: str) -> int | None:
+    """``H:M:S[.frac]`` (RMM's clock time) or a bare number of microseconds; None if neither."""
+    text = text.strip()
+    clock = _CLOCK.fullmatch(text)
+    if clock:
+        hours, minutes, seconds, fraction = clock.groups()
+        micros = int(((fraction or "") + "000000")[:6])
+        return ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * 1_000_000 + micros
+    number = _NUMBER.fullmatch(text)
+    if number:
+        whole, fraction = number.groups()
+        return int(whole) + (1 if (fraction or "0")[0] >= "5" else 0)  # rounded
+    return None
+
+
+def _rmm_events(rows: list[_RmmRow]) -> list[Event]:
+    times = _relative_times([row.time_us for row in rows])
+    events: list[Event] = []
+    for row, time_us in zip(rows, times):
+        _int64(time_us, "relative time (microseconds)", f"line {row.line}")
+        if row.action == FREE_COMPLETED:
+            events.append(Event(FREE_REQUESTED, 0, row.stream, row.addr, row.size, time_us))
+        events.append(Event(row.action, 0, row.stream, row.addr, row.size, time_us))
+    return events
+
+
+def _relative_times(times: list[int | None]) -> list[int]:
+    """Microseconds after the first row; a clock that runs backwards by more than 12 h has
+    passed midnight. Row indices when any time is missing."""
+    if any(t is None for t in times):
+        return list(range(len(times)))
+    result, day, previous = [], 0, None
+    for t in times:
+        if previous is not None and t + day < previous - _DAY_US // 2:
+            day += _DAY_US
+        previous = t + day
+        result.append(previous - times[0])
+    return result
+
+
+# --- cuarena traces --------------------------------------------------------------------------
+
+
+def read_cuat(data: bytes) -> list[Event]:
+    """Parse and validate an uncompressed ``.cuat`` image (see FORMAT.md)."""
+    if len(data) < HEADER.size:
+        raise TraceError(f"truncated cuarena trace: {len(data)} bytes, the header alone is 32")
+    magic, version, record_size, count, _reserved = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise TraceError(UNKNOWN_INPUT)
+    if version != VERSION:
+        raise TraceError(f"cuarena trace version {version}; this converter reads version 1")
+    if record_size != RECORD.size:
+        raise TraceError(f"cuarena trace record_size {record_size}, expected {RECORD.size}")
+    expected = HEADER.size + count * RECORD.size
+    if len(data) != expected:
+        what = "truncated" if len(data) < expected else "trailing bytes after the records"
+        raise TraceError(
+            f"{what}: header says {count} events ({expected} bytes), file has {len(data)} bytes"
+        )
+    events = []
+    for index, fields in enumerate(RECORD.iter_unpack(memoryview(data)[HEADER.size :])):
+        events.append(_cuat_event(index, fields, events[-1].device if events else 0))
+    return events
+
+
+def _cuat_event(index: int, fields: tuple, previous_device: int) -> Event:
+    action, pad8, device, pad32, stream, addr, size, time_us = fields
+    where = f"record {index}"
+    if action not in ACTION_NAMES:
+        raise TraceError(f"{where}: unknown action code {action}")
+    if pad8 or pad32:
+        raise TraceError(f"{where}: non-zero padding (corrupt record)")
+    if device < previous_device:
+        raise TraceError(f"{where}: device {device} after device {previous_device}")
+    return Event(action, device, stream, addr, size, time_us)
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def encode_cuat(events: Iterable[Event]) -> bytes:
+    """The ``.cuat`` image of ``events``; devices are grouped in order (a stable sort)."""
+    ordered = sorted(events, key=lambda event: event[1])  # [1]: plain tuples are fine too
+    parts = [HEADER.pack(MAGIC, VERSION, RECORD.size, len(ordered), 0)]
+    for index, event in enumerate(ordered):
+        parts.append(_pack_record(index, event))
+    return b"".join(parts)
+
+
+def _pack_record(index: int, event: Event) -> bytes:
+    action, device, stream, addr, size, time_us = event
+    if action not in ACTION_NAMES:
+        raise TraceError(f"event {index}: unknown action code {action}")
+    try:
+        return RECORD.pack(action, 0, device, 0, stream, addr, size, time_us)
+    except struct.error as e:
+        raise TraceError(f"event {index}: a field is out of range ({e})") from None
+
+
+def write_cuat(events: Iterable[Event], fileobj: BinaryIO) -> int:
+    """Write ``events`` as an uncompressed ``.cuat`` to a binary file object; return the bytes."""
+    image = encode_cuat(events)
+    _write_all(fileobj, image)
+    return len(image)
+
+
+def _write_all(fileobj: BinaryIO, data: bytes) -> None:
+    """Write all of ``data``: a buffered write to a pipe can return short instead of raising
+    (e.g. when the reader has gone), so loop until done or an error is raised."""
+    view = memoryview(data)
+    while view:
+        written = fileobj.write(view)
+        if not written:  # None: a non-blocking stream is full; 0: nothing can be written
+            raise OSError("short write: the output accepts no more data")
+        view = view[written:]
+    fileobj.flush()
+
+
+def save_cuat(events: Iterable[Event], path: str) -> None:
+    """Write ``events`` to ``path`` ('-' is stdout); a name ending in ``.gz`` is gzipped."""
+    image = encode_cuat(events)
+    if path == "-":
+        _write_all(sys.stdout.buffer, image)
+        return
+    if path.endswith(".gz"):
+        image = gzip.compress(image, compresslevel=6, mtime=0)
+    with open(path, "wb") as f:
+        try:
+            _write_all(f, image)
+        except OSError:
+            # Leave no half-written trace behind (e.g. disk full); never remove a device or FIFO.
+            if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            raise
+
+
+# --- summary ---------------------------------------------------------------------------------
+
+
+def summarize(events: Iterable[Event]) -> dict:
+    """Counts and peaks of a trace.
+
+    ``peak_requested_bytes``: the largest running sum where alloc adds its size and
+    free_completed removes the size of the alloc seen at that address on that device (a free of
+    an unseen address is counted in ``skipped_frees``). ``recorded_peak_reserved_bytes``: the
+    largest running sum of segment_alloc + segment_map minus segment_free + segment_unmap, i.e.
+    what the recording allocator held. Both are per device (``per_device``); the top-level peaks
+    add the devices' peaks (each device is its own allocator).
+    """
+    actions: dict[str, int] = {}
+    streams: set[int] = set()
+    per_device: dict[int, _DevicePeaks] = {}
+    count = 0
+    for event in events:
+        event = Event(*event)  # plain tuples are accepted too
+        count += 1
+        name = ACTION_NAMES.get(event.action, "other")
+        actions[name] = actions.get(name, 0) + 1
+        streams.add(event.stream)
+        per_device.setdefault(event.device, _DevicePeaks()).add(event)
+    devices = {device: peaks.as_dict() for device, peaks in sorted(per_device.items())}
+    return {
+        "events": count,
+        "actions": dict(sorted(actions.items(), key=lambda item: ACTIONS.get(item[0], OTHER))),
+        "devices": list(devices),
+        "streams": sorted(streams),
+        "peak_requested_bytes": sum(d["peak_requested_bytes"] for d in devices.values()),
+        "recorded_peak_reserved_bytes": sum(
+            d["recorded_peak_reserved_bytes"] for d in devices.values()
+        ),
+        "skipped_frees": sum(d["skipped_frees"] for d in devices.values()),
+        "per_device": devices,
+    }
+
+
+class _DevicePeaks:
+    """Running sums for one device."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, int] = {}  # addr -> requested size
+        self.requested = self.peak_requested = 0
+        self.reserved = self.peak_reserved = 0
+        self.skipped_frees = 0
+
+    def add(self, event: Event) -> None:
+        if event.action == ALLOC:
+            # An address allocated twice without a free (ring-buffer damage) replaces the old one.
+            self.requested += event.size - self.live.get(event.addr, 0)
+            self.live[event.addr] = event.size
+            self.peak_requested = max(self.peak_requested, self.requested)
+        elif event.action == FREE_COMPLETED:
+            size = self.live.pop(event.addr, None)
+            if size is None:
+                self.skipped_frees += 1
+            else:
+                self.requested -= size
+        elif event.action in (SEGMENT_ALLOC, SEGMENT_MAP):
+            self.reserved += event.size
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+        elif event.action in (SEGMENT_FREE, SEGMENT_UNMAP):
+            self.reserved -= event.size
+
+    def as_dict(self) -> dict:
+        return {
+            "peak_requested_bytes": self.peak_requested,
+            "recorded_peak_reserved_bytes": self.peak_reserved,
+            "skipped_frees": self.skipped_frees,
+        }
+
+
+def format_summary(path: str, fmt: str, summary: dict) -> str:
+    """The human-readable report printed by ``info``."""
+    lines = [f"file: {path}", f"format: {fmt}", f"events: {summary['events']}"]
+    lines += [f"  {name}: {count}" for name, count in summary["actions"].items()]
+    lines.append("devices: " + (", ".join(map(str, summary["devices"])) or "none"))
+    lines.append("streams: " + (", ".join(hex(s) for s in summary["streams"]) or "none"))
+    for key in ("peak_requested_bytes", "recorded_peak_reserved_bytes", "skipped_frees"):
+        lines.append(f"{key}: {summary[key]}")
+    if len(summary["devices"]) > 1:
+        for device, figures in summary["per_device"].items():
+            lines.append(f"device {device}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
+    return "\n".join(lines) + "\n"
+
+
+# --- command line ----------------------------------------------------------------------------
+
+PROG = "cuarena-trace"
+EXIT_BAD_INPUT = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    convert = commands.add_parser("convert", help="write INPUT as a .cuat trace")
+    convert.add_argument("input", help="PyTorch snapshot, RMM CSV or .cuat (optionally gzipped)")
+    convert.add_argument("output", help="'-' for stdout; a name ending in .gz is gzipped")
+    info = commands.add_parser("info", help="print event counts, devices, streams and peaks")
+    info.add_argument("input")
+    info.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return parser
+
+
+def _load_for_cli(path: str) -> tuple[str, list[Event]]:
+    """load_trace with every input problem turned into TraceError."""
+    try:
+        return load_trace(path)
+    except TraceError:
+        raise
+    except OSError as e:
+        raise TraceError(e.strerror or str(e)) from None
+    except (ValueError, KeyError, TypeError, struct.error, RecursionError, MemoryError) as e:
+        raise TraceError(f"unreadable input ({type(e).__name__}: {e})") from None
+
+
+def _convert(args: argparse.Namespace) -> None:
+    _, events = _load_for_cli(args.input)
+    try:
+        save_cuat(events, args.output)
+    except BrokenPipeError:
+        raise  # the reader of stdout went away: main() stops quietly
+    except OSError as e:
+        raise _Failure(args.output, e.strerror or str(e)) from None
+    except TraceError as e:
+        raise _Failure(args.output, str(e)) from None
+
+
+def _info(args: argparse.Namespace) -> None:
+    fmt, events = _load_for_cli(args.input)
+    summary = summarize(events)
+    if args.json:
+        sys.stdout.write(json.dumps({"file": args.input, "format": fmt, **summary}, indent=2))
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_summary(args.input, fmt, summary))
+    sys.stdout.flush()
+
+
+class _Failure(Exception):
+    """A problem to report against a path other than the input."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(problem)
+        self.path = path
+
+
+def _report(path: str, problem: str) -> int:
+    one_line = " ".join(str(problem).split())
+    sys.stderr.write(f"{PROG}: {path}: {one_line}\n")
+    return EXIT_BAD_INPUT
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        {"convert": _convert, "info": _info}[args.command](args)
+    except _Failure as e:
+        return _report(e.path, str(e))
+    except TraceError as e:
+        return _report(args.input, str(e))
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`); stop quietly, as other Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
