@@ -206,6 +206,14 @@ class Allocator::Impl {
     return f;
   }
 
+  MemoryBreakdown memory_breakdown() const {
+    std::lock_guard lock(mu_);
+    const detail::BlockPool::Breakdown b = pool_.breakdown();
+    std::size_t slab_free = 0, largest = 0;
+    slabs_.free_extents(slab_free, largest);
+    return {b.allocated, slab_free, b.owned, b.shared, b.retired, b.idle};
+  }
+
   void check_invariants() const {
     std::lock_guard lock(mu_);
     pool_.check_invariants();
@@ -349,6 +357,9 @@ void Allocator::reset_peak_stats() { impl_->reset_peak_stats(); }
 const Config& Allocator::config() const { return impl_->config(); }
 std::vector<Allocator::BlockInfo> Allocator::live_blocks() const { return impl_->live_blocks(); }
 Allocator::Fragmentation Allocator::fragmentation() const { return impl_->fragmentation(); }
+Allocator::MemoryBreakdown Allocator::memory_breakdown() const {
+  return impl_->memory_breakdown();
+}
 void Allocator::check_invariants() const { impl_->check_invariants(); }
 
 }  // namespace cuarena

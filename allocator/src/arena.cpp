@@ -1,23 +1,20 @@
 #include "arena.hpp"
 
-#include <bit>
+#include <stdexcept>
 
 namespace cuarena::detail {
 
-void Arena::set_mapped(std::size_t first, std::size_t count, bool mapped) {
-  const std::size_t last = first + count;
-  if (mapped && (last + 63) / 64 > bits_.size()) bits_.resize((last + 63) / 64, 0);
-  for (std::size_t g = first; g < last; ++g) {
-    std::uint64_t& word = bits_[g / 64];
-    const std::uint64_t bit = std::uint64_t{1} << (g % 64);
-    if (mapped && !(word & bit)) {
-      word |= bit;
-      ++mapped_count_;
-    } else if (!mapped && (word & bit)) {
-      word &= ~bit;
-      --mapped_count_;
-    }
-  }
+void Arena::set(std::size_t g, PhysRef p) {
+  if (g >= phys_.size()) phys_.resize(g + 1);
+  if (phys_[g].valid()) throw std::logic_error("cuarena: arena granule mapped twice");
+  phys_[g] = p;
+  ++mapped_count_;
+}
+
+void Arena::clear(std::size_t g) {
+  if (!is_mapped(g)) throw std::logic_error("cuarena: arena granule unmapped twice");
+  phys_[g] = PhysRef{};
+  --mapped_count_;
 }
 
 std::size_t Arena::count_unmapped(std::size_t first, std::size_t last) const {

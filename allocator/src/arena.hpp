@@ -1,8 +1,9 @@
-// Arena: one reserved virtual address range and which of its granules are mapped.
+// Arena: one reserved virtual address range and which physical granule is mapped at each of
+// its granules.
 //
-// Invariant kept here: `mapped_` has bit g set iff granule g of the range is mapped through the
-// backend; `mapped_count_` is the number of set bits. The arena never maps or unmaps by itself:
-// BlockPool decides, the arena records.
+// Invariant kept here: `phys_[g]` names the physical granule mapped at virtual granule g (chunk
+// 0 = nothing mapped), and `mapped_count_` is the number of mapped virtual granules. The arena
+// records; BlockPool decides and calls the backend.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +13,14 @@
 #include "cuarena/types.hpp"
 
 namespace cuarena::detail {
+
+/// One physical granule: granule `offset` of the core's chunk number `chunk` (0: none).
+struct PhysRef {
+  std::uint32_t chunk = 0;
+  std::uint32_t offset = 0;
+  bool valid() const { return chunk != 0; }
+  bool operator==(const PhysRef&) const = default;
+};
 
 class Arena {
  public:
@@ -23,16 +32,15 @@ class Arena {
   std::size_t granule() const { return granule_; }
   std::size_t mapped_count() const { return mapped_count_; }
   /// One past the highest granule index ever mapped: scans stop here.
-  std::size_t high_water() const { return bits_.size() * 64; }
+  std::size_t high_water() const { return phys_.size(); }
 
-  /// Granule index holding byte `addr` (addr in [base, base+size]).
   std::size_t granule_of(DevicePtr addr) const { return (addr - base_) / granule_; }
   DevicePtr granule_addr(std::size_t g) const { return base_ + g * granule_; }
 
-  bool is_mapped(std::size_t g) const {
-    return g / 64 < bits_.size() && (bits_[g / 64] >> (g % 64) & 1u);
-  }
-  void set_mapped(std::size_t first, std::size_t count, bool mapped);
+  bool is_mapped(std::size_t g) const { return g < phys_.size() && phys_[g].valid(); }
+  PhysRef phys(std::size_t g) const { return g < phys_.size() ? phys_[g] : PhysRef{}; }
+  void set(std::size_t g, PhysRef p);
+  void clear(std::size_t g);
 
   /// Granules [first, last) overlapping byte range [addr, addr+bytes).
   void covering(DevicePtr addr, std::size_t bytes, std::size_t& first, std::size_t& last) const {
@@ -52,7 +60,7 @@ class Arena {
   DevicePtr base_;
   std::size_t size_;
   std::size_t granule_;
-  std::vector<std::uint64_t> bits_;
+  std::vector<PhysRef> phys_;
   std::size_t mapped_count_ = 0;
 };
 

@@ -7,6 +7,9 @@
 namespace cuarena::detail {
 
 namespace {
+using Fifo = IntrusiveList<Block, &Block::fifo>;
+using Lru = IntrusiveList<Block, &Block::lru>;
+
 [[noreturn]] void broken(const std::string& what) {
   throw std::logic_error("cuarena invariant violated: " + what);
 }
@@ -18,15 +21,10 @@ BlockPool::~BlockPool() {
   }
   for (std::size_t i = 0; i < arenas_.size(); ++i) {
     Arena& a = *arenas_[i];
-    for (std::size_t g = 0, hw = a.high_water(); g < hw;) {
-      if (!a.is_mapped(g)) {
-        ++g;
-        continue;
-      }
-      const std::size_t first = g;
-      while (g < hw && a.is_mapped(g)) ++g;
+    for (std::size_t g = 0, hw = a.high_water(); g < hw; ++g) {
+      if (!a.is_mapped(g)) continue;
       try {
-        unmap_run(a, first, g - first);
+        unmap_run(a, g, 1);
       } catch (...) {  // a destructor must not throw; the device is going away anyway
       }
     }
@@ -40,13 +38,7 @@ BlockPool::~BlockPool() {
       b = next;
     }
   }
-}
-
-BlockPool::StreamPool& BlockPool::stream_pool(StreamId stream) { return streams_[stream]; }
-
-Block* BlockPool::best_fit(const SizeIndex& index, std::size_t size) const {
-  auto it = index.lower_bound(size);
-  return it == index.end() ? nullptr : *it;
+  // phys_ (a member) releases the chunks after this body.
 }
 
 Block* BlockPool::new_arena(std::size_t min_size) {
@@ -69,37 +61,41 @@ Block* BlockPool::new_arena(std::size_t min_size) {
 }
 
 void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
-  ++free_blocks_;
   if (b->shared) {
+    ++free_blocks_;
     shared_free_.insert(b);
     if (warm) warm_.push_back(b);
     return;
   }
   StreamPool& sp = stream_pool(b->stream);
-  sp.free.insert(b);
+  if (!b->retired) {
+    ++free_blocks_;
+    sp.free.insert(b);
+  }
   sp.fifo.insert_before(fifo_pos, b);
 }
 
 void BlockPool::remove_free(Block* b) {
-  --free_blocks_;
   if (b->shared) {
+    --free_blocks_;
     shared_free_.erase(b);
-    if (warm_.contains(b)) warm_.erase(b);
+    if (Lru::contains(b)) warm_.erase(b);
     return;
   }
   StreamPool& sp = stream_pool(b->stream);
-  sp.free.erase(b);
+  if (!b->retired) {
+    --free_blocks_;
+    sp.free.erase(b);
+  }
   sp.fifo.erase(b);
 }
 
 bool BlockPool::mergeable(const Block* a, const Block* b) {
-  if (a->allocated || b->allocated) return false;
-  if (a->shared != b->shared) return false;
+  if (!a->is_free() || !b->is_free() || a->shared != b->shared) return false;
   return a->shared || a->stream == b->stream;
 }
 
 Block* BlockPool::coalesce(Block* b) {
-  // The lower-address block survives, so an arena's first block is never deleted.
   if (b->prev && mergeable(b->prev, b)) {
     Block* p = b->prev;
     remove_free(p);
@@ -124,39 +120,49 @@ Block* BlockPool::coalesce(Block* b) {
   return b;
 }
 
+Block* BlockPool::split_off(Block* b, DevicePtr at) {
+  auto* r = new Block;
+  r->addr = at;
+  r->size = b->end() - at;
+  r->arena = b->arena;
+  r->prev = b;
+  r->next = b->next;
+  if (b->next) b->next->prev = r;
+  b->next = r;
+  b->size = at - b->addr;
+  r->stream = b->stream;
+  r->shared = b->shared;
+  r->retired = b->retired;
+  r->used = b->used;
+  r->free_seq = b->free_seq;
+  return r;
+}
+
 Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   StreamPool& sp = stream_pool(stream);
-  Block* b = best_fit(sp.free, size);
+  auto own = sp.free.lower_bound(size);
+  Block* b = own == sp.free.end() ? nullptr : *own;
   if (b == nullptr) {
     // Miss on the stream's own blocks: let finished streams' blocks become shared first.
     poll_sweeps();
-    b = best_fit(shared_free_, size);
-    if (b == nullptr) b = new_arena(size);
+    auto it = shared_free_.lower_bound(size);
+    b = it == shared_free_.end() ? new_arena(size) : *it;
   }
-  // Owned blocks are fully mapped; only a shared block can need granules.
-  if (b->shared && !ensure_mapped(b, size)) return nullptr;
-
-  const bool was_warm = warm_.contains(b);
-  Block* fifo_pos = b->shared ? nullptr : IntrusiveList<Block, &Block::fifo>::next(b);
+  // Detach b (marked allocated) before anything can coalesce it away, and split off the
+  // remainder first, so its cached granules can be stolen for this very request.
+  const bool was_shared = b->shared;
+  const bool was_warm = Lru::contains(b);
+  Block* fifo_pos = was_shared ? nullptr : Fifo::next(b);
   remove_free(b);
-  if (b->size > size) {
-    auto* r = new Block;
-    r->addr = b->addr + size;
-    r->size = b->size - size;
-    r->arena = b->arena;
-    r->prev = b;
-    r->next = b->next;
-    if (b->next) b->next->prev = r;
-    b->next = r;
-    b->size = size;
-    r->stream = b->stream;
-    r->shared = b->shared;
-    r->used = b->used;
-    r->free_seq = b->free_seq;
-    insert_free(r, fifo_pos, was_warm);
+  if (b->size > size) insert_free(split_off(b, b->addr + size), fifo_pos, was_shared || was_warm);
+  b->allocated = true;
+  // Owned blocks are fully mapped; only a shared block can lack granules.
+  if (was_shared && !ensure_mapped(b, size, stream)) {
+    b->allocated = false;
+    insert_free(coalesce(b));
+    return nullptr;
   }
   if (b->used && b->stream != stream) ++ctx_.stats.cross_stream_reuses;
-  b->allocated = true;
   b->shared = false;
   b->used = true;
   b->stream = stream;
@@ -164,136 +170,225 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
 }
 
 void BlockPool::deallocate(Block* b) {
-  StreamPool& sp = stream_pool(b->stream);
+  const StreamId stream = b->stream;
+  StreamPool& sp = stream_pool(stream);
   b->allocated = false;
   b->shared = false;
   b->free_seq = ++sp.seq;
-  b = coalesce(b);
-  insert_free(b);  // newest free_seq: the FIFO's back keeps it sorted
+  insert_free(coalesce(b));  // newest free_seq: the FIFO's back keeps it sorted
+  // Keep one sweep in flight per stream, checked every sweep_interval frees, so blocks freed a
+  // while ago are already shared when another stream or a shortage needs them.
+  if (sp.seq % ctx_.config.sweep_interval != 0) return;
+  if (sp.sweep_pending && ctx_.backend.event_completed(sp.sweep_event)) finish_sweep(sp);
+  if (!sp.sweep_pending) start_sweep(stream, sp);
 }
 
-bool BlockPool::ensure_mapped(Block* b, std::size_t size) {
+bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
   a.covering(b->addr, size, first, last);
-  const std::size_t need = a.count_unmapped(first, last) * ctx_.granule;
+  std::vector<std::size_t> holes;
+  for (std::size_t g = first; g < last; ++g) {
+    if (!a.is_mapped(g)) holes.push_back(g);
+  }
+  const std::size_t need = holes.size();
   if (need == 0) return true;
 
-  // Keep b's own cached granules out of the steal pass.
-  const bool was_warm = warm_.contains(b);
-  if (was_warm) warm_.erase(b);
-  std::size_t stolen = 0;
-  if (ctx_.mapped_bytes() + need > ctx_.soft_limit) {
-    // No poll here: turning blocks shared could coalesce `b` away under us.
-    record_sweeps();  // so the next shortage finds more to reuse
-    const std::size_t over = ctx_.mapped_bytes() + need - ctx_.soft_limit;
-    stolen = steal(std::min(need, over));
-  }
-  if (ctx_.mapped_bytes() + need > ctx_.limit) {
-    if (was_warm) warm_.push_back(b);
-    return false;
-  }
-  std::vector<std::pair<std::size_t, std::size_t>> runs;  // mapped by this call
-  for (std::size_t g = first; g < last;) {
-    if (a.is_mapped(g)) {
-      ++g;
-      continue;
+  const std::size_t gran = ctx_.granule;
+  auto creates = [&](std::size_t have) { return (need - std::min(need, have)) * gran; };
+  std::size_t reclaimed_idle = 0, aliased = 0;
+  std::vector<PhysRef> aliases;
+  if (ctx_.reserved() + creates(phys_.idle_granules()) > ctx_.soft_limit) {
+    // Reuse before growing. b is detached, so sweeps finishing here cannot coalesce it away.
+    record_sweeps();
+    poll_sweeps();
+    const std::size_t before = phys_.idle_granules();
+    steal(need);
+    reclaimed_idle = phys_.idle_granules() - std::min(before, phys_.idle_granules());
+    const std::size_t idle = phys_.idle_granules();
+    if (idle < need && ctx_.reserved() + creates(idle) > ctx_.soft_limit) {
+      StreamPool& sp = stream_pool(stream);
+      const std::size_t want = need - idle;
+      // Aliasing cannot be undone until the sweep: only start if it lets the request fit.
+      if (ctx_.reserved() + creates(idle + aliasable(sp, want)) <= ctx_.limit)
+        aliased = alias(sp, want, aliases);
     }
-    const std::size_t run = g;
-    while (g < last && !a.is_mapped(g)) ++g;
-    if (!ctx_.backend.map(a.granule_addr(run), (g - run) * ctx_.granule)) {
-      // The device refused: undo this call's mappings so nothing but caches changed.
-      for (auto [start, count] : runs) unmap_run(a, start, count);
-      if (was_warm) warm_.push_back(b);
-      return false;
-    }
-    a.set_mapped(run, g - run, true);
-    ++ctx_.stats.num_device_alloc;
-    ctx_.stats.granules_mapped += std::int64_t(g - run);
-    ctx_.add_reserved(Pool::kLarge, std::int64_t((g - run) * ctx_.granule));
-    runs.emplace_back(run, g - run);
   }
-  if (stolen > 0) ++ctx_.stats.stitched_ranges;
-  if (was_warm) warm_.push_back(b);
+  const std::size_t have = std::min(need, phys_.idle_granules() + aliases.size());
+  const std::size_t fresh = need - have;
+  if (ctx_.reserved() + fresh * gran > ctx_.limit) return false;
+
+  std::vector<PhysRef> supply = aliases;
+  while (supply.size() < need && phys_.idle_granules() > 0) supply.push_back(phys_.take_idle());
+  if (fresh > 0) {
+    const PhysRef chunk = phys_.create(fresh);
+    if (!chunk.valid()) {
+      for (std::size_t i = aliases.size(); i < supply.size(); ++i) phys_.put_idle(supply[i]);
+      return false;  // the device refused; aliased granules return after their sweep
+    }
+    for (std::uint32_t i = 0; i < fresh; ++i) supply.push_back({chunk.chunk, i});
+  }
+  map_granules(a, holes, supply);
+  ctx_.stats.granules_aliased += std::int64_t(aliased);
+  if (reclaimed_idle + aliased > 0 || have > aliases.size()) ++ctx_.stats.stitched_ranges;
   return true;
 }
 
-std::size_t BlockPool::steal(std::size_t bytes) {
-  ++ctx_.stats.defrag_passes;
-  std::size_t got = 0;
-  for (Block* b = warm_.front(); b != nullptr && got < bytes;) {
-    Block* next = IntrusiveList<Block, &Block::lru>::next(b);
-    got += unmap_interior(b, bytes - got);
-    b = next;
+void BlockPool::map_granules(Arena& a, const std::vector<std::size_t>& granules,
+                             const std::vector<PhysRef>& phys) {
+  // One backend call per run of consecutive virtual granules backed by consecutive granules
+  // of one chunk.
+  for (std::size_t i = 0; i < granules.size();) {
+    std::size_t j = i + 1;
+    while (j < granules.size() && granules[j] == granules[j - 1] + 1 &&
+           phys[j].chunk == phys[i].chunk && phys[j].offset == phys[j - 1].offset + 1)
+      ++j;
+    const std::size_t count = j - i;
+    ctx_.backend.map(a.granule_addr(granules[i]), count * ctx_.granule,
+                     phys_.handle(phys[i].chunk), std::size_t(phys[i].offset) * ctx_.granule);
+    for (std::size_t k = i; k < j; ++k) {
+      a.set(granules[k], phys[k]);
+      phys_.mapped(phys[k]);
+    }
+    ++ctx_.stats.map_calls;
+    ctx_.stats.granules_mapped += std::int64_t(count);
+    i = j;
   }
-  ctx_.stats.granules_stolen += std::int64_t(got / ctx_.granule);
-  return got;
 }
 
-std::size_t BlockPool::unmap_interior(Block* b, std::size_t max_bytes) {
+void BlockPool::unmap_run(Arena& a, std::size_t first, std::size_t count) {
+  ctx_.backend.unmap(a.granule_addr(first), count * ctx_.granule);
+  for (std::size_t g = first; g < first + count; ++g) {
+    phys_.unmapped(a.phys(g));
+    a.clear(g);
+  }
+  ++ctx_.stats.unmap_calls;
+  ctx_.stats.granules_unmapped += std::int64_t(count);
+}
+
+void BlockPool::steal(std::size_t target) {
+  ++ctx_.stats.defrag_passes;
+  const std::size_t before = phys_.idle_granules();
+  for (Block* b = warm_.front(); b != nullptr && phys_.idle_granules() < target;) {
+    Block* next = Lru::next(b);
+    unmap_interior(b, target - phys_.idle_granules());
+    b = next;
+  }
+  ctx_.stats.granules_stolen += std::int64_t(phys_.idle_granules() - std::min(before, phys_.idle_granules()));
+}
+
+std::size_t BlockPool::unmap_interior(Block* b, std::size_t max_granules) {
   Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
   a.interior(b->addr, b->size, first, last);
   last = std::min(last, a.high_water());
   std::size_t released = 0;
   bool remaining = false;
-  // Take from the top so the block's low end, which best fit reuses first, stays mapped.
+  // Take from the top so the low end, which best fit reuses first, stays mapped.
   for (std::size_t g = last; g > first;) {
     if (!a.is_mapped(g - 1)) {
       --g;
       continue;
     }
-    if (released >= max_bytes) {
+    if (released >= max_granules) {
       remaining = true;
       break;
     }
     const std::size_t end = g;
-    const std::size_t budget = (max_bytes - released + ctx_.granule - 1) / ctx_.granule;
-    while (g > first && a.is_mapped(g - 1) && end - g < budget) --g;
+    while (g > first && a.is_mapped(g - 1) && end - g < max_granules - released) --g;
     unmap_run(a, g, end - g);
-    released += (end - g) * ctx_.granule;
+    released += end - g;
   }
-  if (!remaining && warm_.contains(b)) warm_.erase(b);
+  if (!remaining && Lru::contains(b)) warm_.erase(b);
   return released;
 }
 
-void BlockPool::unmap_run(Arena& a, std::size_t first, std::size_t count) {
-  ctx_.backend.unmap(a.granule_addr(first), count * ctx_.granule);
-  a.set_mapped(first, count, false);
-  ++ctx_.stats.num_device_free;
-  ctx_.stats.granules_unmapped += std::int64_t(count);
-  ctx_.add_reserved(Pool::kLarge, -std::int64_t(count * ctx_.granule));
+std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
+  std::size_t n = 0;
+  for (const Block* f = sp.fifo.front(); f != nullptr && n < max; f = Fifo::next(f)) {
+    if (f->retired) continue;
+    std::size_t first = 0, last = 0;
+    f->arena->interior(f->addr, f->size, first, last);
+    n += last - first;
+  }
+  return std::min(n, max);
+}
+
+std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysRef>& out) {
+  std::size_t got = 0;
+  for (Block* f = sp.fifo.front(); f != nullptr && got < want;) {
+    Block* next = Fifo::next(f);
+    if (f->retired) {
+      f = next;
+      continue;
+    }
+    Arena& a = *f->arena;
+    std::size_t first = 0, last = 0;
+    a.interior(f->addr, f->size, first, last);
+    if (last > first) {
+      const std::size_t take = std::min(want - got, last - first);
+      const std::size_t g0 = last - take;
+      for (std::size_t g = g0; g < last; ++g) out.push_back(a.phys(g));
+      got += take;
+      // Split f into [f, g0) owned, [g0, last) retired, [last, end) owned.
+      remove_free(f);
+      Block* mid = f;
+      if (a.granule_addr(g0) > f->addr) {
+        mid = split_off(f, a.granule_addr(g0));
+        insert_free(f, next);
+      }
+      if (a.granule_addr(last) < mid->end()) insert_free(split_off(mid, a.granule_addr(last)), next);
+      mid->retired = true;
+      mid->free_seq = ++sp.seq;
+      insert_free(mid);  // back of the FIFO: waits for a sweep recorded from now on
+    }
+    f = next;
+  }
+  return got;
+}
+
+void BlockPool::start_sweep(StreamId stream, StreamPool& sp) {
+  if (sp.sweep_pending || sp.fifo.empty()) return;
+  sp.sweep_event = ctx_.backend.record_event(stream);
+  sp.sweep_seq = sp.seq;
+  sp.sweep_pending = true;
+  ++sweeps_pending_;
+  ++ctx_.stats.events_recorded;
+}
+
+void BlockPool::finish_sweep(StreamPool& sp) {
+  ctx_.backend.release_event(sp.sweep_event);
+  sp.sweep_pending = false;
+  --sweeps_pending_;
+  while (!sp.fifo.empty() && sp.fifo.front()->free_seq <= sp.sweep_seq) {
+    make_shared(sp.fifo.front());
+  }
 }
 
 void BlockPool::record_sweeps() {
-  for (auto& [stream, sp] : streams_) {
-    if (sp.sweep_pending || sp.fifo.empty()) continue;
-    sp.sweep_event = ctx_.backend.record_event(stream);
-    sp.sweep_seq = sp.seq;
-    sp.sweep_pending = true;
-    ++sweeps_pending_;
-    ++ctx_.stats.events_recorded;
-  }
+  for (auto& [stream, sp] : streams_) start_sweep(stream, sp);
 }
 
 void BlockPool::poll_sweeps() {
   if (sweeps_pending_ == 0) return;
   for (auto& [stream, sp] : streams_) {
-    if (!sp.sweep_pending || !ctx_.backend.event_completed(sp.sweep_event)) continue;
-    ctx_.backend.release_event(sp.sweep_event);
-    sp.sweep_pending = false;
-    --sweeps_pending_;
-    while (!sp.fifo.empty() && sp.fifo.front()->free_seq <= sp.sweep_seq) {
-      make_shared(sp.fifo.front());
-    }
+    if (sp.sweep_pending && ctx_.backend.event_completed(sp.sweep_event)) finish_sweep(sp);
   }
 }
 
 void BlockPool::make_shared(Block* b) {
   remove_free(b);
+  if (b->retired) {
+    // The stream is done with the old addresses: drop the alias (the physical granules stay
+    // mapped where they were re-used).
+    Arena& a = *b->arena;
+    std::size_t first = 0, last = 0;
+    a.covering(b->addr, b->size, first, last);
+    unmap_run(a, first, last - first);
+    b->retired = false;
+  }
   b->shared = true;
-  b = coalesce(b);
-  insert_free(b);
+  insert_free(coalesce(b));
 }
 
 void BlockPool::synchronize() {
@@ -309,9 +404,8 @@ void BlockPool::synchronize() {
 }
 
 std::size_t BlockPool::release_cached() {
-  std::size_t released = 0;
-  while (!warm_.empty()) released += unmap_interior(warm_.front(), SIZE_MAX);
-  return released;
+  while (!warm_.empty()) unmap_interior(warm_.front(), SIZE_MAX);
+  return phys_.release_idle_chunks();
 }
 
 void BlockPool::free_mapped_extents(std::size_t& total, std::size_t& largest) const {
@@ -325,11 +419,11 @@ void BlockPool::free_mapped_extents(std::size_t& total, std::size_t& largest) co
       run = 0;
     };
     for (const Block* b = arena_first_[i]; b != nullptr; b = b->next) {
-      if (b->allocated) {
+      if (!b->is_free()) {
         flush();
         continue;
       }
-      const DevicePtr end = std::min<DevicePtr>(b->addr + b->size, mapped_end);
+      const DevicePtr end = std::min<DevicePtr>(b->end(), mapped_end);
       for (DevicePtr pos = b->addr; pos < end;) {
         const std::size_t g = a.granule_of(pos);
         const DevicePtr seg_end = std::min<DevicePtr>(end, a.granule_addr(g + 1));
@@ -341,16 +435,43 @@ void BlockPool::free_mapped_extents(std::size_t& total, std::size_t& largest) co
         }
         pos = seg_end;
       }
-      if (b->addr + b->size > mapped_end) flush();
+      if (b->end() > mapped_end) flush();
     }
     flush();
   }
 }
 
-void BlockPool::check_invariants() const {
-  std::size_t free_seen = 0, mapped_granules = 0;
+BlockPool::Breakdown BlockPool::breakdown() const {
+  Breakdown out;
   for (std::size_t i = 0; i < arenas_.size(); ++i) {
     const Arena& a = *arenas_[i];
+    // Each mapped granule is counted once, under the most-used block overlapping it.
+    std::vector<int> rank(a.high_water(), -1);
+    for (const Block* b = arena_first_[i]; b != nullptr && b->addr < a.granule_addr(a.high_water());
+         b = b->next) {
+      const int r = b->allocated ? 3 : b->retired ? 2 : b->shared ? 0 : 1;
+      std::size_t first = 0, last = 0;
+      a.covering(b->addr, b->size, first, last);
+      for (std::size_t g = first; g < std::min(last, a.high_water()); ++g)
+        if (a.is_mapped(g)) rank[g] = std::max(rank[g], r);
+    }
+    for (int r : rank) {
+      if (r == 3) out.allocated += ctx_.granule;
+      else if (r == 2) out.retired += ctx_.granule;
+      else if (r == 1) out.owned += ctx_.granule;
+      else if (r == 0) out.shared += ctx_.granule;
+    }
+  }
+  out.idle = phys_.idle_granules() * ctx_.granule;
+  return out;
+}
+
+void BlockPool::check_invariants() const {
+  std::size_t free_seen = 0;
+  std::vector<const Arena*> arenas;
+  for (std::size_t i = 0; i < arenas_.size(); ++i) {
+    const Arena& a = *arenas_[i];
+    arenas.push_back(&a);
     DevicePtr expect = a.base();
     const Block* prev = nullptr;
     for (const Block* b = arena_first_[i]; b != nullptr; prev = b, b = b->next) {
@@ -367,11 +488,22 @@ void BlockPool::check_invariants() const {
         if (b->fifo.linked || b->lru.linked) broken(at + ": allocated block is indexed");
         continue;
       }
+      if (b->retired) {
+        if (!fully_mapped || b->addr % ctx_.granule || b->size % ctx_.granule)
+          broken(at + ": retired block not granule-aligned and mapped");
+        if (!b->fifo.linked || b->shared) broken(at + ": retired block not in its FIFO");
+        continue;
+      }
       ++free_seen;
       if (prev && mergeable(prev, b)) broken(at + ": mergeable free neighbours not coalesced");
       if (b->shared) {
         if (!shared_free_.count(const_cast<Block*>(b)) || b->fifo.linked)
           broken(at + ": shared block not in the shared index");
+        std::size_t ifirst = 0, ilast = 0;
+        a.interior(b->addr, b->size, ifirst, ilast);
+        ilast = std::min(ilast, a.high_water());
+        if (!b->lru.linked && ilast > ifirst && a.count_unmapped(ifirst, ilast) != ilast - ifirst)
+          broken(at + ": shared block caches granules but is not in the LRU list");
       } else {
         auto it = streams_.find(b->stream);
         if (it == streams_.end() || !it->second.free.count(const_cast<Block*>(b)) ||
@@ -381,21 +513,19 @@ void BlockPool::check_invariants() const {
       }
     }
     if (expect != a.base() + a.size()) broken("blocks do not cover the whole arena");
-    mapped_granules += a.mapped_count();
   }
   std::size_t indexed = shared_free_.size();
   for (const auto& [stream, sp] : streams_) {
     indexed += sp.free.size();
     std::uint64_t last_seq = 0;
-    for (const Block* b = sp.fifo.front(); b != nullptr;
-         b = IntrusiveList<Block, &Block::fifo>::next(b)) {
+    for (const Block* b = sp.fifo.front(); b != nullptr; b = Fifo::next(b)) {
       if (b->free_seq < last_seq) broken("stream FIFO not in free order");
+      if (b->stream != stream) broken("block in another stream's FIFO");
       last_seq = b->free_seq;
     }
   }
   if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");
-  if (mapped_granules * ctx_.granule != ctx_.mapped_bytes())
-    broken("mapped granules disagree with reserved_bytes");
+  phys_.check_invariants(arenas);
 }
 
 }  // namespace cuarena::detail

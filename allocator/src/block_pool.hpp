@@ -1,24 +1,28 @@
 // BlockPool: best-fit blocks over large virtual ranges, physical memory in granules.
 //
-// Every arena is tiled by Blocks in address order (prev/next). A block is allocated or free.
-// A free block is either
-//   * owned by stream S: freed on S and not yet known to be finished there. Only S may reuse
-//     it. It sits in S's size index and in S's free-order FIFO. It is fully mapped.
-//   * shared: an event recorded on its last stream after the free has completed (or it was
+// Every arena is tiled by Blocks in address order (prev/next). A block is
+//   * allocated: handed out; every granule it overlaps is mapped.
+//   * owned free: freed on stream S, not yet known to be finished there. Only S may reuse it.
+//     In S's size index and S's free-order FIFO. Fully mapped.
+//   * shared free: an event recorded on its last stream after the free has completed (or it was
 //     never used). Any stream may reuse it, and its wholly-contained mapped granules may be
-//     unmapped ("stolen") to back another request. It sits in the shared size index and, while
+//     unmapped at once ("stolen") to back another request. In the shared size index and, while
 //     it may hold mapped granules, in the LRU list `warm_`.
-// Adjacent free blocks are coalesced at once when they are in the same state (both shared, or
-// both owned by the same stream); blocks never merge across arenas.
+//   * retired: granule-aligned part of an owned block whose physical granules were re-mapped
+//     (aliased) under another request of the same stream. Its old mapping stays until a sweep
+//     event on S shows S's earlier work is done; then it is unmapped and becomes shared. In S's
+//     FIFO only.
+// Adjacent free blocks coalesce at once when in the same state (both shared, or both owned by one
+// stream); never across arenas; the lower-address block object survives a merge.
 //
-// Physical memory: a granule is mapped iff it overlaps an allocated block, or it is cached in a
-// free block. Allocation maps only what the chosen range lacks; when mapping would pass the soft
-// limit, cached granules of shared blocks are stolen first (oldest freed first), so memory moves
-// to where it is needed instead of growing. This is GMLake's "stitching" (Guo et al., ASPLOS
-// 2024) done by remapping granules under a fresh part of the virtual range.
+// Physical memory (PhysicalPool) is never created while it can be found: a request first takes
+// idle granules, then steals cached granules of shared blocks (oldest freed first), then aliases
+// granules of its own stream's free blocks (stream order makes that safe without waiting), and
+// only then creates a chunk. Mapping reclaimed granules under a fresh virtual range is GMLake's
+// stitching (Guo et al., ASPLOS 2024).
 //
-// Size indexes are ordered sets keyed by (size, address): O(log n) best fit. Nothing scans all
-// free blocks on the allocation path; stealing walks the LRU list only as far as it must.
+// Size indexes are ordered sets keyed by (size, address): O(log n) best fit. Nothing on the
+// allocation fast path scans all free blocks; steal/alias walk their lists only as far as needed.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +35,7 @@
 #include "arena.hpp"
 #include "context.hpp"
 #include "intrusive_list.hpp"
+#include "physical_pool.hpp"
 
 namespace cuarena::detail {
 
@@ -40,13 +45,16 @@ struct Block {
   Arena* arena = nullptr;
   Block* prev = nullptr;  ///< lower-address neighbour in the arena
   Block* next = nullptr;  ///< higher-address neighbour in the arena
-  StreamId stream = 0;    ///< allocation stream, or owning stream while owned-free
+  StreamId stream = 0;    ///< allocation stream, or owning stream while owned/retired
   bool allocated = false;
+  bool retired = false;
   bool shared = false;    ///< free and usable by every stream
   bool used = false;      ///< has ever been allocated (for cross-stream reuse counting)
-  std::uint64_t free_seq = 0;  ///< owner stream's free sequence number at free time
-  Link<Block> fifo;            ///< owner's free-order list (owned free blocks)
+  std::uint64_t free_seq = 0;  ///< owner stream's free sequence number at free/retire time
+  Link<Block> fifo;            ///< owner's FIFO (owned free and retired blocks)
   Link<Block> lru;             ///< warm_ (shared free blocks that may hold mapped granules)
+  DevicePtr end() const { return addr + size; }
+  bool is_free() const { return !allocated && !retired; }
 };
 
 struct BySize {
@@ -61,32 +69,33 @@ using SizeIndex = std::set<Block*, BySize>;
 
 class BlockPool {
  public:
-  explicit BlockPool(Context& ctx) : ctx_(ctx) {}
+  explicit BlockPool(Context& ctx) : ctx_(ctx), phys_(ctx) {}
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  /// Allocates `size` bytes (a multiple of 512) for `stream`, mapping what it lacks. Steals
-  /// cached granules of shared blocks when over the soft limit. Returns nullptr, changing
-  /// nothing but caches, when the hard limit or the device refuses; throws BackendError.
+  /// Allocates `size` bytes (a multiple of 512) for `stream`, backing what it lacks. Returns
+  /// nullptr, having changed nothing but caches, when the limit or the device refuses; throws
+  /// BackendError.
   Block* try_allocate(std::size_t size, StreamId stream);
 
   /// Frees an allocated block on its stream: owned by that stream, coalesced with its owned
   /// neighbours.
   void deallocate(Block* block);
 
-  /// Records a sweep event on every stream with unswept free blocks and none pending.
+  /// Records a sweep event on every stream with unswept blocks and none pending. Non-blocking.
   void record_sweeps();
-  /// Turns the owned blocks covered by completed sweep events into shared blocks.
+  /// Turns the blocks covered by completed sweep events into shared blocks. Non-blocking.
   void poll_sweeps();
-  /// Blocks until every stream's free blocks are shared (out-of-memory path).
+  /// Blocks until every stream's free and retired blocks are shared (out-of-memory path).
   void synchronize();
 
-  /// Unmaps every cached granule of shared blocks. Returns bytes released.
+  /// Unmaps every cached granule of shared blocks and releases idle chunks. Returns bytes
+  /// released to the device.
   std::size_t release_cached();
 
-  /// Number of free blocks (owned and shared).
   std::size_t free_block_count() const { return free_blocks_; }
+  std::size_t arena_count() const { return arenas_.size(); }
 
   /// Free bytes inside mapped granules, and the largest contiguous run of them.
   void free_mapped_extents(std::size_t& total, std::size_t& largest) const;
@@ -94,39 +103,53 @@ class BlockPool {
   /// Throws std::logic_error naming the first broken invariant.
   void check_invariants() const;
 
-  std::size_t arena_count() const { return arenas_.size(); }
+  /// Where the physical memory is, in bytes: under allocated blocks, cached in owned free
+  /// blocks, cached in shared free blocks, held by retired aliases, idle. O(mapped granules).
+  struct Breakdown {
+    std::size_t allocated = 0, owned = 0, shared = 0, retired = 0, idle = 0;
+  };
+  Breakdown breakdown() const;
 
  private:
   struct StreamPool {
     SizeIndex free;
-    IntrusiveList<Block, &Block::fifo> fifo;  // sorted by free_seq
+    IntrusiveList<Block, &Block::fifo> fifo;  // owned free + retired, sorted by free_seq
     std::uint64_t seq = 0;
     bool sweep_pending = false;
     EventId sweep_event = 0;
     std::uint64_t sweep_seq = 0;
   };
 
-  StreamPool& stream_pool(StreamId stream);
-  Block* best_fit(const SizeIndex& index, std::size_t size) const;
+  StreamPool& stream_pool(StreamId stream) { return streams_[stream]; }
   Block* new_arena(std::size_t min_size);
 
-  /// Indexes a detached free block by its state. Owned blocks go before `fifo_pos` in their
+  /// Indexes a detached block by its state. Owned/retired blocks go before `fifo_pos` in their
   /// stream's FIFO (at the back when null); shared ones join warm_ when `warm`.
   void insert_free(Block* b, Block* fifo_pos = nullptr, bool warm = true);
   void remove_free(Block* b);
-  void make_shared(Block* b);
-  Block* coalesce(Block* b);  // merges detached free b with mergeable neighbours
   static bool mergeable(const Block* a, const Block* b);
+  Block* coalesce(Block* b);                 // merges detached free b with its neighbours
+  Block* split_off(Block* b, DevicePtr at);  // b keeps [addr, at); returns [at, end)
+  void make_shared(Block* b);
 
-  /// Maps the unmapped granules under [b->addr, b->addr+size); false if the limit or the
-  /// device refuses (having released only cached granules).
-  bool ensure_mapped(Block* b, std::size_t size);
-  std::size_t steal(std::size_t bytes);
-  std::size_t unmap_interior(Block* b, std::size_t max_bytes);
-  void map_run(Arena& a, std::size_t first, std::size_t count);
+  void start_sweep(StreamId stream, StreamPool& sp);
+  void finish_sweep(StreamPool& sp);
+
+  /// Backs [b->addr, b->addr+size) of detached block b for `stream`; false if refused.
+  bool ensure_mapped(Block* b, std::size_t size, StreamId stream);
+  /// Unmaps cached granules of shared blocks until `target` granules are idle.
+  void steal(std::size_t target);
+  std::size_t unmap_interior(Block* b, std::size_t max_granules);
+  /// Granules of `sp`'s owned blocks that alias() could take, up to `max`.
+  std::size_t aliasable(const StreamPool& sp, std::size_t max) const;
+  /// Retires up to `want` granules of `sp`'s owned blocks, appending their physical granules.
+  std::size_t alias(StreamPool& sp, std::size_t want, std::vector<PhysRef>& out);
+  void map_granules(Arena& a, const std::vector<std::size_t>& granules,
+                    const std::vector<PhysRef>& phys);
   void unmap_run(Arena& a, std::size_t first, std::size_t count);
 
   Context& ctx_;
+  PhysicalPool phys_;
   std::vector<std::unique_ptr<Arena>> arenas_;
   std::vector<Block*> arena_first_;  // block at each arena's base; never merged away
   std::unordered_map<StreamId, StreamPool> streams_;

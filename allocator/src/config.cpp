@@ -116,6 +116,8 @@ const std::vector<std::pair<std::string, Setter>>& setters() {
        [](Config& c, const Entry& e) {
          c.per_process_memory_fraction = parse_double(e, 0.0, 1.0, true);
        }},
+      {"sweep_interval",
+       [](Config& c, const Entry& e) { c.sweep_interval = std::uint32_t(parse_uint(e, 1, 1u << 20)); }},
       {"va_reserve", [](Config& c, const Entry& e) { c.va_reserve = parse_size_entry(e); }},
       {"upstream",
        [](Config& c, const Entry& e) {
@@ -184,7 +186,7 @@ std::string Config::to_string() const {
   out << "small_limit:" << small_limit << ",size_classes_per_doubling:" << size_classes_per_doubling
       << ",slab_size:" << slab_size << ",defrag_threshold:" << defrag_threshold
       << ",per_process_memory_fraction:" << per_process_memory_fraction
-      << ",va_reserve:" << va_reserve << ",upstream:" << up
+      << ",sweep_interval:" << sweep_interval << ",va_reserve:" << va_reserve << ",upstream:" << up
       << ",sim_event_latency:" << sim_event_latency << ",sim_capacity:" << sim_capacity
       << ",sim_granularity:" << sim_granularity;
   return out.str();

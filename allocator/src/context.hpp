@@ -14,8 +14,8 @@ struct Context {
   const Config& config;
   Stats& stats;
   std::size_t granule;      ///< backend.granularity()
-  std::size_t limit;        ///< most bytes that may be mapped at once
-  std::size_t soft_limit;   ///< above this, reuse cached granules before mapping fresh ones
+  std::size_t limit;        ///< most physical bytes that may be held at once
+  std::size_t soft_limit;   ///< above this, reuse cached granules before creating new ones
 
   void add_reserved(Pool pool, std::int64_t bytes) {
     auto& r = stats.reserved_bytes;
@@ -27,7 +27,7 @@ struct Context {
       r[int(pool)].decrease(-bytes);
     }
   }
-  std::size_t mapped_bytes() const {
+  std::size_t reserved() const {
     return std::size_t(stats.reserved_bytes[int(Pool::kAll)].current);
   }
 };

@@ -36,6 +36,9 @@ std::map<std::string, std::int64_t> Stats::to_map() const {
   out["num_device_alloc"] = num_device_alloc;
   out["num_device_free"] = num_device_free;
   out["max_split_size"] = max_split_size;
+  out["cuarena.map_calls"] = map_calls;
+  out["cuarena.unmap_calls"] = unmap_calls;
+  out["cuarena.granules_aliased"] = granules_aliased;
   out["cuarena.granules_mapped"] = granules_mapped;
   out["cuarena.granules_unmapped"] = granules_unmapped;
   out["cuarena.granules_stolen"] = granules_stolen;

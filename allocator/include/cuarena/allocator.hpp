@@ -86,6 +86,18 @@ class Allocator {
   };
   Fragmentation fragmentation() const;
 
+  /// Where the reserved (physical) memory is, in bytes. The parts sum to reserved_bytes.
+  struct MemoryBreakdown {
+    std::size_t in_use = 0;         ///< granules under allocated blocks and slabs
+    std::size_t slab_free = 0;      ///< of in_use: free slots inside slabs
+    std::size_t owned_cached = 0;   ///< cached in free blocks only their stream may reuse yet
+    std::size_t shared_cached = 0;  ///< cached in free blocks any stream may reuse or unmap
+    std::size_t retired = 0;        ///< old addresses of re-used granules, awaiting an event
+    std::size_t idle = 0;           ///< physical granules mapped nowhere
+  };
+  /// O(mapped granules): for diagnostics, not for hot paths.
+  MemoryBreakdown memory_breakdown() const;
+
   /// Verifies every internal invariant (block tiling, index membership, mapping, statistics);
   /// throws std::logic_error naming the first violation. O(blocks + granules): for tests.
   void check_invariants() const;

@@ -27,12 +27,15 @@ struct Config {
   double defrag_threshold = 0.0;
   /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
   double per_process_memory_fraction = 1.0;
+  /// Frees on a stream between checks of its sweep event (which lets blocks freed there become
+  /// reusable by other streams and stealable). Lower: less memory, more event calls.
+  std::uint32_t sweep_interval = 16;
   /// Virtual address space reserved per arena, in bytes; 0 picks 4x the device capacity.
   std::size_t va_reserve = 0;
   /// Which device upstream serves physical memory (CUDA backends; ignored by the simulator).
   Upstream upstream = Upstream::kVmm;
   /// SimBackend only: an event completes this many clock ticks after it is recorded.
-  std::uint64_t sim_event_latency = 8;
+  std::uint64_t sim_event_latency = 1;
   /// SimBackend only: simulated device capacity in bytes (0: 143771 MiB, the recorded H200).
   std::size_t sim_capacity = 0;
   /// SimBackend only: simulated granule size in bytes.

@@ -1,19 +1,27 @@
 // DeviceBackend: the only door from the policy core to a device.
 //
-// The core reserves virtual address ranges, maps and unmaps physical memory inside them in whole
-// granules, and records/queries events to learn when a stream has finished with a block. A
-// backend never makes policy decisions. Implementations: SimBackend (CPU simulation, this
-// repository's `cuarena_sim` target) and the CUDA backends (separate targets).
+// The model is CUDA's virtual memory management: the core reserves virtual address ranges,
+// creates physical memory in chunks of whole granules, maps any granule-aligned part of a chunk
+// at any granule-aligned virtual address (the same physical memory may be mapped at several
+// addresses at once), unmaps, and releases chunks. It records and queries events to learn when
+// a stream has finished with memory. A backend never makes policy decisions.
 //
-// Thread semantics: the core calls a backend with its own lock held, so a backend is never
-// called concurrently by one Allocator. Backends shared between allocators must lock themselves.
+// Implementations: SimBackend (CPU simulation, target `cuarena_sim`) and the CUDA backends
+// (separate targets).
+//
+// Thread semantics: the core calls a backend with its own lock held, so one Allocator never
+// calls its backend concurrently. A backend shared by several allocators must lock itself.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "cuarena/types.hpp"
 
 namespace cuarena {
+
+/// A backend's handle for a chunk of physical memory; 0 is never a valid handle.
+using PhysHandle = std::uint64_t;
 
 class DeviceBackend {
  public:
@@ -32,14 +40,20 @@ class DeviceBackend {
   /// Returns a range from reserve_address(); nothing in it may still be mapped.
   virtual void release_address(DevicePtr va, std::size_t bytes) = 0;
 
-  /// Creates physical memory for [va, va+bytes) and maps it there, readable and writable by the
-  /// device. `va` and `bytes` are granule multiples inside a reserved range, none of it mapped.
-  /// Returns false, with nothing mapped, when the device is out of physical memory; throws
-  /// BackendError for any other failure.
-  virtual bool map(DevicePtr va, std::size_t bytes) = 0;
+  /// Creates `bytes` (a granule multiple) of physical memory. Returns 0 when the device is out
+  /// of memory; throws BackendError for any other failure.
+  virtual PhysHandle create_physical(std::size_t bytes) = 0;
 
-  /// Unmaps [va, va+bytes) and releases its physical memory. The caller guarantees no pending
-  /// device work touches the range. Does not block on other streams.
+  /// Releases a chunk from create_physical(); no part of it may still be mapped.
+  virtual void release_physical(PhysHandle chunk) = 0;
+
+  /// Maps `bytes` of `chunk` starting `offset` bytes into it at [va, va+bytes), readable and
+  /// writable by the device. All granule multiples; the virtual range must be reserved and
+  /// unmapped. Throws BackendError on failure, with nothing mapped.
+  virtual void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) = 0;
+
+  /// Unmaps [va, va+bytes). The caller guarantees no pending device work uses the range through
+  /// these addresses. The physical memory stays alive until released.
   virtual void unmap(DevicePtr va, std::size_t bytes) = 0;
 
   /// Records an event on `stream` that completes when all work submitted to it so far has
@@ -49,7 +63,8 @@ class DeviceBackend {
   /// True once the event has completed. Non-blocking.
   virtual bool event_completed(EventId event) = 0;
 
-  /// Blocks the host until the event completes (used only on the out-of-memory path).
+  /// Blocks the host until the event completes (used only on the out-of-memory path and by
+  /// release_cached()).
   virtual void wait_event(EventId event) = 0;
 
   /// Returns the event to the backend; the id may be reused.

@@ -48,14 +48,17 @@ struct Stats {
   std::int64_t num_alloc_retries = 0;     ///< allocations that needed the slow (defrag) path
   std::int64_t num_ooms = 0;              ///< OutOfMemoryError thrown
   std::int64_t num_sync_all_streams = 0;  ///< host waits on events (out-of-memory path only)
-  std::int64_t num_device_alloc = 0;      ///< backend map() calls
-  std::int64_t num_device_free = 0;       ///< backend unmap() calls
+  std::int64_t num_device_alloc = 0;      ///< physical chunks created
+  std::int64_t num_device_free = 0;       ///< physical chunks released
   std::int64_t max_split_size = -1;
 
   // cuarena's own counters (cumulative unless noted).
-  std::int64_t granules_mapped = 0;    ///< granules mapped
-  std::int64_t granules_unmapped = 0;  ///< granules unmapped
-  std::int64_t granules_stolen = 0;    ///< cached granules unmapped to back another request
+  std::int64_t map_calls = 0;          ///< backend map() calls (each maps a run of granules)
+  std::int64_t unmap_calls = 0;        ///< backend unmap() calls
+  std::int64_t granules_mapped = 0;    ///< virtual granules mapped
+  std::int64_t granules_unmapped = 0;  ///< virtual granules unmapped
+  std::int64_t granules_stolen = 0;    ///< cached granules of shared blocks unmapped for reuse
+  std::int64_t granules_aliased = 0;   ///< granules of a stream's free blocks re-mapped for it
   std::int64_t defrag_passes = 0;      ///< defragmentation passes run
   std::int64_t stitched_ranges = 0;    ///< requests backed by granules reclaimed elsewhere
   std::int64_t slabs_created = 0;

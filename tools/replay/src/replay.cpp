@@ -183,6 +183,7 @@ struct SimRun {
   std::uint64_t peak_reserved = 0;
   std::size_t peak_index = 0;
   Allocator::Fragmentation frag;
+  Allocator::MemoryBreakdown breakdown;
   std::map<std::string, std::int64_t> counters;
 };
 
@@ -240,16 +241,22 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
       default:
         break;
     }
-    if (sim.mapped_bytes() > run.peak_reserved) {
-      run.peak_reserved = sim.mapped_bytes();
+    if (sim.physical_bytes() > run.peak_reserved) {
+      run.peak_reserved = sim.physical_bytes();
       run.peak_index = i;
     }
   }
-  if (stop != std::string::npos) run.frag = alloc.fragmentation();
+  if (stop != std::string::npos) {
+    run.frag = alloc.fragmentation();
+    run.breakdown = alloc.memory_breakdown();
+  }
   const Stats s = alloc.stats();
   run.counters = {{"num_device_alloc", s.num_device_alloc},
                   {"num_device_free", s.num_device_free},
                   {"granules_stolen", s.granules_stolen},
+                  {"granules_aliased", s.granules_aliased},
+                  {"map_calls", s.map_calls},
+                  {"unmap_calls", s.unmap_calls},
                   {"stitched_ranges", s.stitched_ranges},
                   {"defrag_passes", s.defrag_passes},
                   {"num_sync_all_streams", s.num_sync_all_streams},
@@ -278,6 +285,13 @@ Result replay_cuarena(const std::vector<Event>& events, const SimOptions& option
     const SimRun at_peak = run_sim(events, options, run.peak_index);
     r.external_fragmentation = at_peak.frag.external();
     r.rounding_waste_bytes = at_peak.frag.rounding_waste;
+    const Allocator::MemoryBreakdown& b = at_peak.breakdown;
+    r.counters["peak.in_use_bytes"] = std::int64_t(b.in_use);
+    r.counters["peak.slab_free_bytes"] = std::int64_t(b.slab_free);
+    r.counters["peak.owned_cached_bytes"] = std::int64_t(b.owned_cached);
+    r.counters["peak.shared_cached_bytes"] = std::int64_t(b.shared_cached);
+    r.counters["peak.retired_bytes"] = std::int64_t(b.retired);
+    r.counters["peak.idle_bytes"] = std::int64_t(b.idle);
   }
   r.peak_requested_bytes = peak_requested(events);
   r.reserved_ratio =

@@ -11,6 +11,10 @@ namespace cuarena {
 namespace {
 constexpr DevicePtr kVaBase = DevicePtr{1} << 44;  // where simulated address space starts
 constexpr DevicePtr kVaEnd = DevicePtr{1} << 47;
+
+[[noreturn]] void misuse(const std::string& what) {
+  throw std::logic_error("SimBackend: " + what);
+}
 }  // namespace
 
 SimBackend::SimBackend(Options options) : options_(options), next_va_(kVaBase) {
@@ -21,15 +25,14 @@ SimBackend::SimBackend(Options options) : options_(options), next_va_(kVaBase) {
 
 DevicePtr SimBackend::reserve_address(std::size_t bytes) {
   const std::size_t g = options_.granularity;
-  if (bytes == 0 || bytes % g != 0)
-    throw std::logic_error("SimBackend: reserve_address size not a granule multiple");
+  if (bytes == 0 || bytes % g != 0) misuse("reserve_address size not a granule multiple");
   if (bytes > kVaEnd - next_va_) {
     throw BackendError("SimBackend: virtual address space exhausted reserving " +
                        std::to_string(bytes) + " bytes");
   }
   const DevicePtr base = next_va_;
   next_va_ += bytes + g;  // a guard granule between ranges catches overruns
-  ranges_.push_back({base, bytes, std::vector<bool>(bytes / g, false)});
+  ranges_.push_back({base, bytes, std::vector<PhysHandle>(bytes / g, 0)});
   return base;
 }
 
@@ -45,35 +48,52 @@ SimBackend::Range& SimBackend::range_of(DevicePtr va, std::size_t bytes, const c
   const Range* r = find_range(va);
   if (r == nullptr || bytes == 0 || va % g != 0 || bytes % g != 0 ||
       va + bytes > r->base + r->size) {
-    throw std::logic_error(std::string("SimBackend: ") + op + " of [" + std::to_string(va) +
-                           ", +" + std::to_string(bytes) +
-                           ") is not a granule-aligned part of a reserved range");
+    misuse(std::string(op) + " of [" + std::to_string(va) + ", +" + std::to_string(bytes) +
+           ") is not a granule-aligned part of a reserved range");
   }
   return const_cast<Range&>(*r);
 }
 
 void SimBackend::release_address(DevicePtr va, std::size_t bytes) {
   Range& r = range_of(va, bytes, "release_address");
-  if (r.base != va || r.size != bytes)
-    throw std::logic_error("SimBackend: release_address of a range not reserved as such");
-  if (std::find(r.mapped.begin(), r.mapped.end(), true) != r.mapped.end())
-    throw std::logic_error("SimBackend: release_address of a range still mapped");
+  if (r.base != va || r.size != bytes) misuse("release_address of a range not reserved as such");
+  if (std::any_of(r.mapped.begin(), r.mapped.end(), [](PhysHandle h) { return h != 0; }))
+    misuse("release_address of a range still mapped");
   ranges_.erase(ranges_.begin() + (&r - ranges_.data()));
 }
 
-bool SimBackend::map(DevicePtr va, std::size_t bytes) {
+PhysHandle SimBackend::create_physical(std::size_t bytes) {
+  if (bytes == 0 || bytes % options_.granularity != 0)
+    misuse("create_physical size not a granule multiple");
+  if (physical_bytes_ + bytes > options_.capacity) return 0;
+  const PhysHandle h = next_chunk_++;
+  chunks_.emplace(h, Chunk{bytes});
+  physical_bytes_ += bytes;
+  peak_physical_bytes_ = std::max(peak_physical_bytes_, physical_bytes_);
+  return h;
+}
+
+void SimBackend::release_physical(PhysHandle chunk) {
+  auto it = chunks_.find(chunk);
+  if (it == chunks_.end()) misuse("release_physical of an unknown chunk");
+  if (it->second.mappings != 0) misuse("release_physical of a chunk still mapped");
+  physical_bytes_ -= it->second.bytes;
+  chunks_.erase(it);
+}
+
+void SimBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) {
   Range& r = range_of(va, bytes, "map");
+  auto it = chunks_.find(chunk);
   const std::size_t g = options_.granularity;
+  if (it == chunks_.end()) misuse("map of an unknown chunk");
+  if (offset % g != 0 || offset + bytes > it->second.bytes) misuse("map beyond its chunk");
   const std::size_t first = (va - r.base) / g, count = bytes / g;
   for (std::size_t i = first; i < first + count; ++i) {
-    if (r.mapped[i]) throw std::logic_error("SimBackend: map of an already mapped granule");
+    if (r.mapped[i] != 0) misuse("map over an already mapped granule");
   }
-  if ((mapped_granules_ + count) * g > options_.capacity) return false;
-  for (std::size_t i = first; i < first + count; ++i) r.mapped[i] = true;
-  mapped_granules_ += count;
-  peak_mapped_granules_ = std::max(peak_mapped_granules_, mapped_granules_);
+  for (std::size_t i = first; i < first + count; ++i) r.mapped[i] = chunk;
+  it->second.mappings += count;
   ++map_calls_;
-  return true;
 }
 
 void SimBackend::unmap(DevicePtr va, std::size_t bytes) {
@@ -81,10 +101,12 @@ void SimBackend::unmap(DevicePtr va, std::size_t bytes) {
   const std::size_t g = options_.granularity;
   const std::size_t first = (va - r.base) / g, count = bytes / g;
   for (std::size_t i = first; i < first + count; ++i) {
-    if (!r.mapped[i]) throw std::logic_error("SimBackend: unmap of a granule not mapped");
-    r.mapped[i] = false;
+    if (r.mapped[i] == 0) misuse("unmap of a granule not mapped");
   }
-  mapped_granules_ -= count;
+  for (std::size_t i = first; i < first + count; ++i) {
+    --chunks_.at(r.mapped[i]).mappings;
+    r.mapped[i] = 0;
+  }
   ++unmap_calls_;
 }
 
@@ -94,7 +116,7 @@ bool SimBackend::is_mapped(DevicePtr addr, std::size_t bytes) const {
   if (r == nullptr || addr + bytes > r->base + r->size) return false;
   const std::size_t g = options_.granularity;
   for (std::size_t i = (addr - r->base) / g; i <= (addr + bytes - 1 - r->base) / g; ++i) {
-    if (!r->mapped[i]) return false;
+    if (r->mapped[i] == 0) return false;
   }
   return true;
 }
@@ -107,18 +129,18 @@ EventId SimBackend::record_event(StreamId) {
 
 bool SimBackend::event_completed(EventId event) {
   auto it = events_.find(event);
-  if (it == events_.end()) throw std::logic_error("SimBackend: query of an unknown event");
+  if (it == events_.end()) misuse("query of an unknown event");
   return now_ >= it->second;
 }
 
 void SimBackend::wait_event(EventId event) {
   auto it = events_.find(event);
-  if (it == events_.end()) throw std::logic_error("SimBackend: wait on an unknown event");
+  if (it == events_.end()) misuse("wait on an unknown event");
   now_ = std::max(now_, it->second);
 }
 
 void SimBackend::release_event(EventId event) {
-  if (events_.erase(event) == 0) throw std::logic_error("SimBackend: release of an unknown event");
+  if (events_.erase(event) == 0) misuse("release of an unknown event");
 }
 
 }  // namespace cuarena

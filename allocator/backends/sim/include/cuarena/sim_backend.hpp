@@ -1,13 +1,14 @@
 // SimBackend: a simulated device for CPU-only replay and tests.
 //
-// It does address arithmetic only (no memory behind the addresses), counts mapped bytes exactly,
-// enforces a capacity, and models stream completion with a logical clock: an event recorded at
-// tick t completes once the clock reaches t + event_latency. The replayer advances the clock one
-// tick per trace event; wait_event() jumps it forward (the host waited). Deterministic: the same
-// calls give the same addresses and answers on every run.
+// It does address arithmetic only (no memory behind the addresses), counts physical bytes
+// exactly, enforces a capacity on them, and models stream completion with a logical clock: an
+// event recorded at tick t completes once the clock reaches t + event_latency. The replayer
+// advances the clock one tick per trace event; wait_event() jumps it forward (the host waited).
+// Deterministic: the same calls give the same addresses and answers on every run.
 //
-// It also checks its caller: mapping a mapped granule, unmapping an unmapped one, or using an
-// unknown event throws std::logic_error, so a policy bug cannot pass silently.
+// It also checks its caller: mapping over a mapped granule, unmapping an unmapped one, releasing
+// a chunk still mapped, or using an unknown event throws std::logic_error, so a policy bug
+// cannot pass silently.
 #pragma once
 
 #include <cstddef>
@@ -24,7 +25,7 @@ class SimBackend final : public DeviceBackend {
   struct Options {
     std::size_t capacity = std::size_t{143771} << 20;  ///< bytes; the recorded H200's
     std::size_t granularity = std::size_t{2} << 20;    ///< bytes, a power of two
-    std::uint64_t event_latency = 8;                   ///< ticks until an event completes
+    std::uint64_t event_latency = 1;                   ///< ticks until an event completes
   };
   explicit SimBackend(Options options);
   SimBackend() : SimBackend(Options{}) {}
@@ -33,7 +34,9 @@ class SimBackend final : public DeviceBackend {
   std::size_t capacity() const override { return options_.capacity; }
   DevicePtr reserve_address(std::size_t bytes) override;
   void release_address(DevicePtr va, std::size_t bytes) override;
-  bool map(DevicePtr va, std::size_t bytes) override;
+  PhysHandle create_physical(std::size_t bytes) override;
+  void release_physical(PhysHandle chunk) override;
+  void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) override;
   void unmap(DevicePtr va, std::size_t bytes) override;
   EventId record_event(StreamId stream) override;
   bool event_completed(EventId event) override;
@@ -44,19 +47,25 @@ class SimBackend final : public DeviceBackend {
   void advance(std::uint64_t ticks = 1) { now_ += ticks; }
   std::uint64_t now() const { return now_; }
 
-  std::size_t mapped_bytes() const { return mapped_granules_ * options_.granularity; }
-  std::size_t peak_mapped_bytes() const { return peak_mapped_granules_ * options_.granularity; }
+  /// Physical memory created and not released, in bytes, and its peak.
+  std::size_t physical_bytes() const { return physical_bytes_; }
+  std::size_t peak_physical_bytes() const { return peak_physical_bytes_; }
   /// True when every granule overlapping [addr, addr+bytes) is mapped.
   bool is_mapped(DevicePtr addr, std::size_t bytes) const;
   std::size_t map_calls() const { return map_calls_; }
   std::size_t unmap_calls() const { return unmap_calls_; }
   std::size_t live_events() const { return events_.size(); }
+  std::size_t live_chunks() const { return chunks_.size(); }
 
  private:
   struct Range {
     DevicePtr base;
     std::size_t size;
-    std::vector<bool> mapped;  // per granule
+    std::vector<PhysHandle> mapped;  // per granule: the chunk mapped there, 0 if none
+  };
+  struct Chunk {
+    std::size_t bytes;
+    std::size_t mappings = 0;  // granule mappings of this chunk, over all addresses
   };
   Range& range_of(DevicePtr va, std::size_t bytes, const char* op);
   const Range* find_range(DevicePtr va) const;
@@ -64,8 +73,10 @@ class SimBackend final : public DeviceBackend {
   Options options_;
   std::vector<Range> ranges_;
   DevicePtr next_va_;
-  std::size_t mapped_granules_ = 0;
-  std::size_t peak_mapped_granules_ = 0;
+  std::unordered_map<PhysHandle, Chunk> chunks_;
+  PhysHandle next_chunk_ = 1;
+  std::size_t physical_bytes_ = 0;
+  std::size_t peak_physical_bytes_ = 0;
   std::size_t map_calls_ = 0;
   std::size_t unmap_calls_ = 0;
   std::uint64_t now_ = 0;

@@ -1,0 +1,102 @@
+#include "physical_pool.hpp"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+namespace cuarena::detail {
+
+PhysicalPool::~PhysicalPool() {
+  for (auto& [id, c] : chunks_) {
+    try {
+      ctx_.backend.release_physical(c.handle);
+    } catch (...) {  // a destructor must not throw; the device is going away anyway
+    }
+  }
+}
+
+PhysRef PhysicalPool::take_idle() {
+  const PhysRef p = idle_.back();
+  idle_.pop_back();
+  --chunks_.at(p.chunk).idle;
+  return p;
+}
+
+void PhysicalPool::put_idle(PhysRef p) {
+  idle_.push_back(p);
+  ++chunks_.at(p.chunk).idle;
+}
+
+PhysRef PhysicalPool::create(std::size_t granules) {
+  const std::size_t bytes = granules * ctx_.granule;
+  if (ctx_.reserved() + bytes > ctx_.limit) return {};
+  const PhysHandle h = ctx_.backend.create_physical(bytes);
+  if (h == 0) return {};
+  const std::uint32_t id = next_chunk_++;
+  Chunk& c = chunks_[id];
+  c.handle = h;
+  c.maps.assign(granules, 0);  // all taken by the caller: none idle
+  ++ctx_.stats.num_device_alloc;
+  ctx_.add_reserved(Pool::kLarge, std::int64_t(bytes));
+  return {id, 0};
+}
+
+void PhysicalPool::unmapped(PhysRef p) {
+  Chunk& c = chunks_.at(p.chunk);
+  if (--c.maps[p.offset] == 0) {
+    idle_.push_back(p);
+    ++c.idle;
+  }
+}
+
+std::size_t PhysicalPool::release_idle_chunks() {
+  std::size_t released = 0;
+  for (auto it = chunks_.begin(); it != chunks_.end();) {
+    Chunk& c = it->second;
+    if (c.idle != c.maps.size()) {
+      ++it;
+      continue;
+    }
+    const std::uint32_t id = it->first;
+    idle_.erase(std::remove_if(idle_.begin(), idle_.end(),
+                               [id](const PhysRef& p) { return p.chunk == id; }),
+                idle_.end());
+    const std::size_t bytes = c.maps.size() * ctx_.granule;
+    ctx_.backend.release_physical(c.handle);
+    ++ctx_.stats.num_device_free;
+    ctx_.add_reserved(Pool::kLarge, -std::int64_t(bytes));
+    released += bytes;
+    it = chunks_.erase(it);
+  }
+  return released;
+}
+
+void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas) const {
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::size_t> seen;
+  for (const Arena* a : arenas) {
+    for (std::size_t g = 0; g < a->high_water(); ++g) {
+      if (a->is_mapped(g)) ++seen[{a->phys(g).chunk, a->phys(g).offset}];
+    }
+  }
+  std::size_t total = 0, idle = 0;
+  for (const auto& [id, c] : chunks_) {
+    total += c.maps.size();
+    std::size_t chunk_idle = 0;
+    for (std::uint32_t o = 0; o < c.maps.size(); ++o) {
+      auto it = seen.find({id, o});
+      const std::size_t n = it == seen.end() ? 0 : it->second;
+      if (n != c.maps[o])
+        throw std::logic_error("cuarena invariant violated: physical granule map count wrong");
+      chunk_idle += n == 0;
+    }
+    if (chunk_idle != c.idle)
+      throw std::logic_error("cuarena invariant violated: chunk idle count wrong");
+    idle += chunk_idle;
+  }
+  if (idle != idle_.size())
+    throw std::logic_error("cuarena invariant violated: idle list disagrees with map counts");
+  if (total * ctx_.granule != ctx_.reserved())
+    throw std::logic_error("cuarena invariant violated: chunks disagree with reserved_bytes");
+}
+
+}  // namespace cuarena::detail
