@@ -153,7 +153,6 @@ class Allocator::Impl {
   std::size_t release_cached() {
     std::lock_guard lock(mu_);
     process_pending(true);
-    slabs_.release_empty();
     pool_.synchronize();
     const std::size_t bytes = pool_.release_cached();
     sync_inactive();
@@ -292,12 +291,11 @@ class Allocator::Impl {
     stats_.pending_frees = std::int64_t(pending_.size());
   }
 
-  /// The last resort before out of memory: finish every pending free, return empty slabs, and
-  /// wait until every stream's free blocks may be reused or unmapped.
+  /// The last resort before out of memory: finish every pending free and wait until every
+  /// stream's free blocks may be reused or unmapped. (Empty slabs are never cached.)
   void reclaim() {
     ++stats_.num_alloc_retries;
     process_pending(true);
-    slabs_.release_empty();
     pool_.synchronize();
   }
 

@@ -5,11 +5,9 @@
 // on the host: device memory is never touched. Untouched slots are handed out by a bump index,
 // freed ones from a LIFO stack, so making a slab costs O(1) whatever its slot count.
 //
-// Invariants kept here: a slab is in its class's `partial` set iff 0 < free slots and it is not
-// the cached empty slab; `empty` holds at most one slab per (stream, class) with every slot free;
-// every other slab has at least one slot in use. A slab that empties while another empty one is
-// cached returns its block to the pool, and release_empty() returns the cached ones, so small and
-// large requests share physical memory.
+// Invariants kept here: every live slab has at least one slot in use (a slab that empties returns
+// its block to the pool at once, so small and large requests share physical memory); a slab is in
+// its class's `partial` set iff it also has a free slot; `all_` lists every live slab.
 #pragma once
 
 #include <cstddef>
@@ -52,8 +50,6 @@ class SlabArena {
   DevicePtr allocate(std::size_t cls, StreamId stream, Slab*& slab);
   /// Returns a slot to its slab (on the slab's stream).
   void deallocate(Slab* slab, DevicePtr ptr);
-  /// Returns every cached empty slab to the pool. Returns bytes returned.
-  std::size_t release_empty();
 
   /// Bytes in free slots of live slabs, and the largest run of them (contiguous free slots).
   void free_extents(std::size_t& total, std::size_t& largest) const;
@@ -63,7 +59,6 @@ class SlabArena {
  private:
   struct ClassState {
     std::set<Slab*, ByAddress> partial;  // lowest address first: keeps high slabs emptying
-    Slab* empty = nullptr;
   };
   std::vector<ClassState>& stream_classes(StreamId stream);
   Slab* new_slab(std::size_t cls, StreamId stream);
