@@ -163,6 +163,7 @@ class Allocator::Impl {
     std::lock_guard lock(mu_);
     process_pending(false);
     pool_.poll_sweeps();
+    pool_.record_sweeps();
     sync_inactive();
   }
 

@@ -17,7 +17,7 @@ using Lru = IntrusiveList<Block, &Block::lru>;
 
 BlockPool::~BlockPool() {
   for (auto& [stream, sp] : streams_) {
-    if (sp.sweep_pending) ctx_.backend.release_event(sp.sweep_event);
+    for (auto& [event, seq] : sp.sweeps) ctx_.backend.release_event(event);
   }
   for (std::size_t i = 0; i < arenas_.size(); ++i) {
     Arena& a = *arenas_[i];
@@ -179,8 +179,8 @@ void BlockPool::deallocate(Block* b) {
   // Keep one sweep in flight per stream, checked every sweep_interval frees, so blocks freed a
   // while ago are already shared when another stream or a shortage needs them.
   if (sp.seq % ctx_.config.sweep_interval != 0) return;
-  if (sp.sweep_pending && ctx_.backend.event_completed(sp.sweep_event)) finish_sweep(sp);
-  if (!sp.sweep_pending) start_sweep(stream, sp);
+  poll_stream(sp);
+  start_sweep(stream, sp);
 }
 
 bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
@@ -348,20 +348,27 @@ std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysR
 }
 
 void BlockPool::start_sweep(StreamId stream, StreamPool& sp) {
-  if (sp.sweep_pending || sp.fifo.empty()) return;
-  sp.sweep_event = ctx_.backend.record_event(stream);
-  sp.sweep_seq = sp.seq;
-  sp.sweep_pending = true;
+  if (sp.fifo.empty()) return;
+  if (!sp.sweeps.empty() && sp.sweeps.back().second == sp.seq) return;  // nothing new to cover
+  if (sp.sweeps.size() >= kMaxSweepsPerStream) {
+    // Full: the newest sweep is superseded by one that also covers the latest frees (the
+    // older ones in flight still complete first).
+    ctx_.backend.release_event(sp.sweeps.back().first);
+    sp.sweeps.pop_back();
+    --sweeps_pending_;
+  }
+  sp.sweeps.emplace_back(ctx_.backend.record_event(stream), sp.seq);
   ++sweeps_pending_;
   ++ctx_.stats.events_recorded;
 }
 
-void BlockPool::finish_sweep(StreamPool& sp) {
-  ctx_.backend.release_event(sp.sweep_event);
-  sp.sweep_pending = false;
-  --sweeps_pending_;
-  while (!sp.fifo.empty() && sp.fifo.front()->free_seq <= sp.sweep_seq) {
-    make_shared(sp.fifo.front());
+void BlockPool::poll_stream(StreamPool& sp) {
+  while (!sp.sweeps.empty() && ctx_.backend.event_completed(sp.sweeps.front().first)) {
+    const auto [event, covered] = sp.sweeps.front();
+    sp.sweeps.pop_front();
+    ctx_.backend.release_event(event);
+    --sweeps_pending_;
+    while (!sp.fifo.empty() && sp.fifo.front()->free_seq <= covered) make_shared(sp.fifo.front());
   }
 }
 
@@ -371,9 +378,7 @@ void BlockPool::record_sweeps() {
 
 void BlockPool::poll_sweeps() {
   if (sweeps_pending_ == 0) return;
-  for (auto& [stream, sp] : streams_) {
-    if (sp.sweep_pending && ctx_.backend.event_completed(sp.sweep_event)) finish_sweep(sp);
-  }
+  for (auto& [stream, sp] : streams_) poll_stream(sp);
 }
 
 void BlockPool::make_shared(Block* b) {
@@ -395,7 +400,7 @@ void BlockPool::synchronize() {
   // Finish pending sweeps, cover everything freed since, and finish those too.
   for (int round = 0; round < 2; ++round) {
     for (auto& [stream, sp] : streams_) {
-      if (sp.sweep_pending) ctx_.backend.wait_event(sp.sweep_event);
+      for (auto& [event, seq] : sp.sweeps) ctx_.backend.wait_event(event);
     }
     poll_sweeps();
     if (round == 0) record_sweeps();

@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <set>
 #include <unordered_map>
@@ -115,10 +116,10 @@ class BlockPool {
     SizeIndex free;
     IntrusiveList<Block, &Block::fifo> fifo;  // owned free + retired, sorted by free_seq
     std::uint64_t seq = 0;
-    bool sweep_pending = false;
-    EventId sweep_event = 0;
-    std::uint64_t sweep_seq = 0;
+    /// Sweep events in flight, oldest first: (event, last free_seq it covers).
+    std::deque<std::pair<EventId, std::uint64_t>> sweeps;
   };
+  static constexpr std::size_t kMaxSweepsPerStream = 4;
 
   StreamPool& stream_pool(StreamId stream) { return streams_[stream]; }
   Block* new_arena(std::size_t min_size);
@@ -132,8 +133,11 @@ class BlockPool {
   Block* split_off(Block* b, DevicePtr at);  // b keeps [addr, at); returns [at, end)
   void make_shared(Block* b);
 
+  /// Records a sweep on `stream` if frees since the newest one are uncovered; with
+  /// kMaxSweepsPerStream in flight, the new one replaces the newest.
   void start_sweep(StreamId stream, StreamPool& sp);
-  void finish_sweep(StreamPool& sp);
+  /// Retires the stream's completed sweeps (oldest first), sharing the blocks they cover.
+  void poll_stream(StreamPool& sp);
 
   /// Backs [b->addr, b->addr+size) of detached block b for `stream`; false if refused.
   bool ensure_mapped(Block* b, std::size_t size, StreamId stream);

@@ -1,1 +1,105 @@
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "cuarena/config.hpp"
+#include "cuarena/errors.hpp"
+#include "cuarena/types.hpp"
+
+using namespace cuarena;
+
+namespace {
+
+std::string error_of(const std::string& text) {
+  try {
+    Config::parse(text);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsMatchTheDesign) {
+  const Config c;
+  EXPECT_EQ(c.small_limit, 1 * MiB);
+  EXPECT_GE(c.size_classes_per_doubling, 4u);
+  EXPECT_EQ(c.upstream, Upstream::kVmm);
+  EXPECT_EQ(Config::parse(""), c);
+}
+
+TEST(Config, ParsesEveryKindOfValue) {
+  const Config c = Config::parse(
+      "small_limit:64KiB, size_classes_per_doubling:8,slab_size:4MiB,defrag_threshold:0.5,"
+      "per_process_memory_fraction:0.25,upstream:async,sim_event_latency:3,sim_capacity:80GiB,"
+      "sim_granularity:64KiB,va_reserve:1TiB,sweep_interval:7");
+  EXPECT_EQ(c.small_limit, 64 * KiB);
+  EXPECT_EQ(c.size_classes_per_doubling, 8u);
+  EXPECT_EQ(c.slab_size, 4 * MiB);
+  EXPECT_DOUBLE_EQ(c.defrag_threshold, 0.5);
+  EXPECT_DOUBLE_EQ(c.per_process_memory_fraction, 0.25);
+  EXPECT_EQ(c.upstream, Upstream::kAsync);
+  EXPECT_EQ(c.sim_event_latency, 3u);
+  EXPECT_EQ(c.sim_capacity, 80 * GiB);
+  EXPECT_EQ(c.sim_granularity, 64 * KiB);
+  EXPECT_EQ(c.va_reserve, std::size_t{1} << 40);
+  EXPECT_EQ(c.sweep_interval, 7u);
+}
+
+TEST(Config, RoundTripsThroughToString) {
+  Config c = Config::parse("small_limit:4096,defrag_threshold:0.125,upstream:malloc");
+  EXPECT_EQ(Config::parse(c.to_string()), c);
+}
+
+TEST(Config, UnknownKeyNamesKeyPositionAndValidKeys) {
+  const std::string msg = error_of("small_limit:1MiB,bogus_key:3");
+  EXPECT_NE(msg.find("'bogus_key'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("position 17"), std::string::npos) << msg;
+  for (const auto& key : Config::keys()) EXPECT_NE(msg.find(key), std::string::npos) << key;
+}
+
+TEST(Config, MalformedValuesNameTheKey) {
+  for (const char* bad : {"small_limit:-1", "small_limit:12XB", "small_limit:", "defrag_threshold:2",
+                          "defrag_threshold:abc", "per_process_memory_fraction:0",
+                          "size_classes_per_doubling:0", "upstream:cuda", "sim_granularity:3000",
+                          "sweep_interval:0"}) {
+    const std::string msg = error_of(bad);
+    const std::string key = std::string(bad).substr(0, std::string(bad).find(':'));
+    EXPECT_NE(msg.find("'" + key + "'"), std::string::npos) << bad << " -> " << msg;
+    EXPECT_NE(msg.find("position 0"), std::string::npos) << msg;
+  }
+}
+
+TEST(Config, SyntaxErrors) {
+  EXPECT_NE(error_of("small_limit").find("expected key:value"), std::string::npos);
+  EXPECT_NE(error_of("small_limit:[1,2").find("unbalanced"), std::string::npos);
+}
+
+TEST(Config, ReadsEnvironment) {
+  setenv("CUARENA_CONF", "small_limit:8KiB", 1);
+  EXPECT_EQ(Config::from_env().small_limit, 8 * KiB);
+  setenv("CUARENA_CONF", "nope:1", 1);
+  EXPECT_THROW(Config::from_env(), ConfigError);
+  unsetenv("CUARENA_CONF");
+  EXPECT_EQ(Config::from_env(), Config{});
+}
+
+TEST(ParseSize, UnitsAndErrors) {
+  EXPECT_EQ(parse_size("512", "x"), 512u);
+  EXPECT_EQ(parse_size("80GiB", "x"), 80 * GiB);
+  EXPECT_EQ(parse_size("512MiB", "x"), 512 * MiB);
+  EXPECT_EQ(parse_size("1.5KiB", "x"), 1536u);
+  EXPECT_EQ(parse_size("2 mb", "x"), 2 * MiB);
+  EXPECT_THROW(parse_size("-5", "x"), ConfigError);
+  EXPECT_THROW(parse_size("", "x"), ConfigError);
+  EXPECT_THROW(parse_size("0.3B", "x"), ConfigError);
+  EXPECT_THROW(parse_size("99999999999TiB", "x"), ConfigError);
+  EXPECT_THROW(parse_size("5 parsecs", "x"), ConfigError);
+}
+
+TEST(FormatBytes, HumanUnits) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(3 * MiB / 2), "1.50 MiB");
+  EXPECT_EQ(format_bytes(80 * GiB), "80.00 GiB");
+}
+
+}  // namespace

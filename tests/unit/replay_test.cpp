@@ -68,7 +68,9 @@ TEST_P(RealTrace, InvariantsHoldThroughoutReplay) {
     } else {
       continue;
     }
-    if (++n % 97 == 0) ASSERT_NO_THROW(alloc.check_invariants()) << "after event " << n;
+    if (++n % 97 == 0) {
+      ASSERT_NO_THROW(alloc.check_invariants()) << "after event " << n;
+    }
     ASSERT_EQ(sim.physical_bytes(), std::size_t(alloc.stats().reserved_bytes[0].current));
   }
   alloc.check_invariants();

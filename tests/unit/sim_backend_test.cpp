@@ -1,1 +1,70 @@
 #include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "test_support.hpp"
+
+using namespace cuarena;
+using namespace cuarena::test;
+
+TEST(SimBackend, CountsPhysicalBytesAndEnforcesCapacity) {
+  SimBackend sim(sim_options(8 * MiB));
+  const DevicePtr va = sim.reserve_address(64 * MiB);
+  EXPECT_EQ(va % kGranule, 0u);
+  const PhysHandle a = sim.create_physical(6 * MiB);
+  ASSERT_NE(a, 0u);
+  EXPECT_EQ(sim.create_physical(4 * MiB), 0u);  // over capacity: refused, not thrown
+  EXPECT_EQ(sim.physical_bytes(), 6 * MiB);
+  sim.map(va, 4 * MiB, a, 2 * MiB);
+  EXPECT_TRUE(sim.is_mapped(va + 100, 4 * MiB - 100));
+  EXPECT_FALSE(sim.is_mapped(va, 4 * MiB + 1));
+  // The same physical memory may be mapped at a second address (an alias).
+  sim.map(va + 8 * MiB, 2 * MiB, a, 2 * MiB);
+  EXPECT_THROW(sim.release_physical(a), std::logic_error);  // still mapped
+  sim.unmap(va, 4 * MiB);
+  sim.unmap(va + 8 * MiB, 2 * MiB);
+  sim.release_physical(a);
+  EXPECT_EQ(sim.physical_bytes(), 0u);
+  EXPECT_EQ(sim.peak_physical_bytes(), 6 * MiB);
+}
+
+TEST(SimBackend, CatchesCallerBugs) {
+  SimBackend sim(sim_options());
+  const DevicePtr va = sim.reserve_address(8 * MiB);
+  const PhysHandle h = sim.create_physical(2 * MiB);
+  sim.map(va, 2 * MiB, h, 0);
+  EXPECT_THROW(sim.map(va, 2 * MiB, h, 0), std::logic_error);           // mapped twice
+  EXPECT_THROW(sim.unmap(va + 2 * MiB, 2 * MiB), std::logic_error);     // not mapped
+  EXPECT_THROW(sim.map(va + 4 * MiB, 4 * MiB, h, 0), std::logic_error);  // beyond chunk
+  EXPECT_THROW(sim.map(va + 512, 2 * MiB, h, 0), std::logic_error);      // misaligned
+  EXPECT_THROW(sim.map(va + 64 * MiB, 2 * MiB, h, 0), std::logic_error); // not reserved
+  EXPECT_THROW(sim.release_address(va, 8 * MiB), std::logic_error);      // still mapped
+  EXPECT_THROW(sim.event_completed(12345), std::logic_error);
+}
+
+TEST(SimBackend, EventsCompleteByLogicalClock) {
+  SimBackend sim(sim_options(1 * GiB, 3));
+  const EventId e = sim.record_event(7);
+  EXPECT_FALSE(sim.event_completed(e));
+  sim.advance(2);
+  EXPECT_FALSE(sim.event_completed(e));
+  sim.advance(1);
+  EXPECT_TRUE(sim.event_completed(e));
+  const EventId f = sim.record_event(7);
+  sim.wait_event(f);  // the host waited: the clock moved on
+  EXPECT_TRUE(sim.event_completed(f));
+  sim.release_event(e);
+  sim.release_event(f);
+  EXPECT_EQ(sim.live_events(), 0u);
+  EXPECT_THROW(sim.release_event(f), std::logic_error);
+}
+
+TEST(SimBackend, IsDeterministic) {
+  auto run = [] {
+    SimBackend sim(sim_options());
+    std::vector<DevicePtr> out;
+    for (int i = 0; i < 3; ++i) out.push_back(sim.reserve_address(std::size_t(i + 1) * kGranule));
+    return out;
+  };
+  EXPECT_EQ(run(), run());
+}

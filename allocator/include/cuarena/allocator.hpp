@@ -57,7 +57,9 @@ class Allocator {
   /// empty_cache()), waiting for outstanding events first. Returns the bytes released.
   std::size_t release_cached();
 
-  /// Polls outstanding events and finishes the frees they were guarding. Non-blocking.
+  /// Polls outstanding events, finishes the frees they were guarding, and records an event on
+  /// each stream whose frees are not yet covered by one, so they become reusable by every
+  /// stream once it completes. Non-blocking; call it when convenient (e.g. once per step).
   void process_events();
 
   Stats stats() const;
