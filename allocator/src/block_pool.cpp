@@ -206,7 +206,8 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
     steal(need);
     reclaimed_idle = phys_.idle_granules() - std::min(before, phys_.idle_granules());
     const std::size_t idle = phys_.idle_granules();
-    if (idle < need && ctx_.reserved() + creates(idle) > ctx_.soft_limit) {
+    if (ctx_.config.stream_alias && idle < need &&
+        ctx_.reserved() + creates(idle) > ctx_.soft_limit) {
       StreamPool& sp = stream_pool(stream);
       const std::size_t want = need - idle;
       // Aliasing cannot be undone until the sweep: only start if it lets the request fit.

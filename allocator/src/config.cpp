@@ -116,6 +116,13 @@ const std::vector<std::pair<std::string, Setter>>& setters() {
        [](Config& c, const Entry& e) {
          c.per_process_memory_fraction = parse_double(e, 0.0, 1.0, true);
        }},
+      {"stream_alias",
+       [](Config& c, const Entry& e) {
+         const std::string v = trim_copy(e.value);
+         if (v == "True" || v == "true") c.stream_alias = true;
+         else if (v == "False" || v == "false") c.stream_alias = false;
+         else bad_value(e, "True or False");
+       }},
       {"sweep_interval",
        [](Config& c, const Entry& e) { c.sweep_interval = std::uint32_t(parse_uint(e, 1, 1u << 20)); }},
       {"va_reserve", [](Config& c, const Entry& e) { c.va_reserve = parse_size_entry(e); }},
@@ -186,6 +193,7 @@ std::string Config::to_string() const {
   out << "small_limit:" << small_limit << ",size_classes_per_doubling:" << size_classes_per_doubling
       << ",slab_size:" << slab_size << ",defrag_threshold:" << defrag_threshold
       << ",per_process_memory_fraction:" << per_process_memory_fraction
+      << ",stream_alias:" << (stream_alias ? "True" : "False")
       << ",sweep_interval:" << sweep_interval << ",va_reserve:" << va_reserve << ",upstream:" << up
       << ",sim_event_latency:" << sim_event_latency << ",sim_capacity:" << sim_capacity
       << ",sim_granularity:" << sim_granularity;

@@ -81,6 +81,17 @@ TEST(StreamOrder, SameStreamReusesPhysicalMemoryAtOnceByAliasing) {
   a.check_invariants();
 }
 
+TEST(StreamOrder, WithoutAliasingTheStreamWaitsForItsEvent) {
+  SimBackend sim(sim_options(1 * GiB, kSlow));
+  Allocator a(sim, Config::parse("small_limit:512,stream_alias:False"));
+  void* p = a.allocate(64 * MiB, 1);
+  a.deallocate(p);
+  void* q = a.allocate(96 * MiB, 1);
+  EXPECT_EQ(sim.physical_bytes(), 160 * MiB);
+  EXPECT_EQ(a.stats().granules_aliased, 0);
+  a.deallocate(q);
+}
+
 TEST(StreamOrder, CrossStreamStealingWaitsForTheEvent) {
   SimBackend sim(sim_options(1 * GiB, kSlow));
   Allocator a(sim, Config::parse("small_limit:512,sweep_interval:1"));

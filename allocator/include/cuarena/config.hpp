@@ -21,12 +21,15 @@ struct Config {
   /// Size classes per power of two (>= 1; the default 4 bounds rounding waste to 1/8).
   unsigned size_classes_per_doubling = 4;
   /// Target slab span in bytes; a slab holds max(1, slab_size / class_size) blocks.
-  std::size_t slab_size = std::size_t{2} << 20;
+  std::size_t slab_size = std::size_t{1} << 20;
   /// Fraction of the memory limit below which a miss maps fresh granules; at or above it, a miss
   /// first steals cached free granules (defragmentation). 0 (default): always reuse first.
   double defrag_threshold = 0.0;
   /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
   double per_process_memory_fraction = 1.0;
+  /// Reuse a stream's own freed granules for its next request at once, by mapping them at the
+  /// new address too (no wait for the device). False: only granules whose events completed.
+  bool stream_alias = true;
   /// Frees on a stream between checks of its sweep event (which lets blocks freed there become
   /// reusable by other streams and stealable). Lower: less memory, more event calls.
   std::uint32_t sweep_interval = 16;

@@ -168,6 +168,7 @@ Result replay_recorded(const std::vector<Event>& events) {
       }
     }
     r.external_fragmentation = total == 0 ? 0.0 : 1.0 - double(largest) / double(total);
+    r.free_at_peak_bytes = total;
   }
   r.peak_requested_bytes = peak_requested(events);
   r.reserved_ratio =
@@ -284,6 +285,7 @@ Result replay_cuarena(const std::vector<Event>& events, const SimOptions& option
   if (run.peak_reserved > 0) {
     const SimRun at_peak = run_sim(events, options, run.peak_index);
     r.external_fragmentation = at_peak.frag.external();
+    r.free_at_peak_bytes = at_peak.frag.free_bytes;
     r.rounding_waste_bytes = at_peak.frag.rounding_waste;
     const Allocator::MemoryBreakdown& b = at_peak.breakdown;
     r.counters["peak.in_use_bytes"] = std::int64_t(b.in_use);

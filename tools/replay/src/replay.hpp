@@ -22,6 +22,7 @@ struct Result {
   double reserved_ratio = 0;
   std::optional<std::uint64_t> min_capacity_bytes;
   double external_fragmentation = 0;  ///< at the moment of peak reserved
+  std::uint64_t free_at_peak_bytes = 0;  ///< reserved but not allocated, at that moment
   std::uint64_t rounding_waste_bytes = 0;  ///< allocated - requested at that moment
   std::uint64_t ooms = 0;
   std::uint64_t allocs = 0;

@@ -69,6 +69,7 @@ void write_json(const std::string& path, const std::vector<Result>& results) {
                         {"peak_reserved_bytes", r.peak_reserved_bytes},
                         {"reserved_ratio", r.reserved_ratio},
                         {"external_fragmentation", r.external_fragmentation},
+                        {"free_at_peak_bytes", r.free_at_peak_bytes},
                         {"rounding_waste_bytes", r.rounding_waste_bytes},
                         {"ooms", r.ooms},
                         {"allocs", r.allocs},

@@ -1,0 +1,214 @@
+"""End-to-end tests of `cuarena replay` / `cuarena convert`: real traces, JSON output, the
+capacity search, and bad input (one clear stderr line, non-zero exit, never a crash)."""
+
+import gzip
+import json
+import os
+import pickle
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRACES = REPO / "tests" / "data" / "traces"
+NATIVE_RESERVED = {  # shared/traces/README.md: reserved_bytes.all.peak under PyTorch native
+    "gpt2_train": 15286140928,
+    "resnet50_amp": 7295991808,
+    "bert_varlen_infer": 1497366528,
+    "vit_multistream": 8577351680,
+    "moe_train": 12396265472,
+}
+MiB = 1 << 20
+
+
+def cli():
+    path = os.environ.get("CUARENA_CLI") or str(REPO / "build" / "bin" / "cuarena")
+    if not Path(path).exists():
+        pytest.fail(f"cuarena binary not found at {path}: build first (see README)")
+    return path
+
+
+def run(*args, check=False):
+    proc = subprocess.run([cli(), *map(str, args)], capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def replay_json(tmp_path, *args):
+    out = tmp_path / "out.json"
+    run("replay", *args, "--json", out, check=True)
+    return json.loads(out.read_text())["results"]
+
+
+def snapshot(tmp_path, device_traces, name="snap.pickle"):
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": device_traces}))
+    return path
+
+
+def ev(action, addr, size, stream=0, t=0):
+    return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": t}
+
+
+def test_replay_all_shared_traces_matches_native_and_beats_it(tmp_path):
+    files = sorted(TRACES.glob("*.pickle.gz"))
+    results = replay_json(tmp_path, *files)
+    by = {(r["trace"], r["allocator"]): r for r in results}
+    assert len(results) == 2 * len(NATIVE_RESERVED)
+    required = {"trace", "allocator", "backend", "peak_requested_bytes", "peak_reserved_bytes",
+                "reserved_ratio", "external_fragmentation", "ooms", "allocs", "frees",
+                "skipped_events", "elapsed_s"}
+    for name, native in NATIVE_RESERVED.items():
+        rec, cua = by[(name, "recorded")], by[(name, "cuarena")]
+        assert required <= rec.keys() and required <= cua.keys()
+        assert rec["peak_reserved_bytes"] == native
+        assert cua["ooms"] == 0
+        assert cua["backend"] == "sim"
+        assert cua["peak_requested_bytes"] == rec["peak_requested_bytes"]
+        assert cua["reserved_ratio"] < rec["reserved_ratio"]
+        assert 0.0 <= cua["external_fragmentation"] <= 1.0
+
+
+def test_table_is_printed(tmp_path):
+    proc = run("replay", TRACES / "resnet50_amp.pickle.gz", check=True)
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:3] == ["trace", "allocator", "backend"]
+    assert any("recorded" in l and "resnet50_amp" in l for l in lines)
+    assert any("cuarena" in l and "resnet50_amp" in l for l in lines)
+
+
+def test_replay_is_deterministic(tmp_path):
+    a = replay_json(tmp_path, TRACES / "bert_varlen_infer.pickle.gz", "--allocator", "cuarena")
+    b = replay_json(tmp_path, TRACES / "bert_varlen_infer.pickle.gz", "--allocator", "cuarena")
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rs]
+    assert strip(a) == strip(b)
+
+
+def test_min_capacity_is_the_boundary(tmp_path):
+    trace = TRACES / "bert_varlen_infer.pickle.gz"
+    [r] = replay_json(tmp_path, trace, "--allocator", "cuarena", "--min-capacity")
+    cap = r["min_capacity_bytes"]
+    assert r["peak_requested_bytes"] <= cap <= r["peak_reserved_bytes"] + 2 * MiB
+    assert cap % (2 * MiB) == 0
+    [at] = replay_json(tmp_path, trace, "--allocator", "cuarena", "--capacity", cap)
+    assert at["ooms"] == 0
+    [below] = replay_json(tmp_path, trace, "--allocator", "cuarena", "--capacity", cap - 2 * MiB)
+    assert below["ooms"] > 0
+
+
+def test_capacity_below_the_need_reports_ooms_not_a_crash(tmp_path):
+    [r] = replay_json(tmp_path, TRACES / "resnet50_amp.pickle.gz", "--allocator", "cuarena",
+                      "--capacity", "4GiB")
+    assert r["ooms"] > 0
+    assert r["peak_reserved_bytes"] <= 4 << 30
+
+
+def test_edge_traces_replay(tmp_path):
+    results = replay_json(tmp_path, *sorted((TRACES / "edge").glob("*.pickle")))
+    recorded = {r["trace"]: r for r in results if r["allocator"] == "recorded"}
+    assert recorded["record_stream_oom_empty_cache"]["ooms"] == 1  # the deliberate OOM
+    assert all(r["ooms"] == 0 for r in results if r["allocator"] == "cuarena")
+
+
+def test_ring_buffer_frees_of_unseen_blocks_are_skipped(tmp_path):
+    path = snapshot(tmp_path, [[
+        ev("free_requested", 0x1000, 512), ev("free_completed", 0x1000, 512),  # never allocated
+        ev("segment_alloc", 0x10000, 20 * MiB),
+        ev("alloc", 0x10000, 4 * MiB), ev("free_completed", 0x10000, 4 * MiB),
+        ev("mystery_action", 0, 0),
+    ]])
+    results = replay_json(tmp_path, path)
+    for r in results:
+        assert r["skipped_events"] == 2
+        assert r["allocs"] == 1 and r["frees"] == 1
+        assert r["peak_requested_bytes"] == 4 * MiB
+    assert results[0]["peak_reserved_bytes"] == 20 * MiB
+
+
+def test_two_devices_replay_separately(tmp_path):
+    path = snapshot(tmp_path, [
+        [ev("segment_alloc", 0x10000, 2 * MiB), ev("alloc", 0x10000, 1 * MiB)],
+        [ev("segment_alloc", 0x90000, 20 * MiB), ev("alloc", 0x90000, 12 * MiB)],
+    ])
+    results = replay_json(tmp_path, path, "--allocator", "recorded")
+    assert [(r["trace"], r["peak_reserved_bytes"]) for r in results] == [
+        ("snap:cuda0", 2 * MiB), ("snap:cuda1", 20 * MiB)]
+
+
+def test_rmm_csv_replays(tmp_path):
+    csv = tmp_path / "rmm.csv"
+    csv.write_text("Thread,Time,Action,Pointer,Size,Stream\n"
+                   "1,10:00:00.000001,allocate,0x7f0000000000,8388608,0x0\n"
+                   "1,10:00:00.000002,allocate,0x7f0000800000,1024,0x0\n"
+                   "1,10:00:00.000003,free,0x7f0000000000,8388608,0x0\n")
+    [r] = replay_json(tmp_path, csv, "--allocator", "cuarena")
+    assert r["allocs"] == 2 and r["frees"] == 1 and r["ooms"] == 0
+    assert r["peak_requested_bytes"] == 8 * MiB + 1024
+
+
+def test_convert_then_replay_cuat_gives_the_same_numbers(tmp_path):
+    src = TRACES / "resnet50_amp.pickle.gz"
+    cuat = tmp_path / "resnet50_amp.cuat"
+    run("convert", src, cuat, check=True)
+    assert cuat.read_bytes()[:8] == b"CUATRACE"
+    a = replay_json(tmp_path, src)
+    b = replay_json(tmp_path, cuat)
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rs]
+    assert strip(a) == strip(b)
+
+
+def bad_inputs(tmp_path):
+    gz = (TRACES / "resnet50_amp.pickle.gz").read_bytes()
+    truncated = tmp_path / "truncated.pickle.gz"
+    truncated.write_bytes(gz[: len(gz) // 2])
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, I am not a trace\n")
+    a_list = tmp_path / "list.pickle"
+    a_list.write_bytes(pickle.dumps([1, 2, 3]))
+    negative = snapshot(tmp_path, [[ev("alloc", 0x1000, -5)]], "negative.pickle")
+    cuat = tmp_path / "short.cuat"
+    cuat.write_bytes(b"CUATRACE" + (1).to_bytes(4, "little") + (40).to_bytes(4, "little")
+                     + (3).to_bytes(8, "little") + bytes(8) + bytes(50))
+    missing = tmp_path / "missing.pickle.gz"
+    return {
+        "missing": ([missing], str(missing)),
+        "truncated_gzip": ([truncated], str(truncated)),
+        "not_a_snapshot": ([text], str(text)),
+        "pickle_not_a_dict": ([a_list], str(a_list)),
+        "negative_size": ([negative], str(negative)),
+        "truncated_cuat": ([cuat], str(cuat)),
+        "directory": ([tmp_path], str(tmp_path)),
+        "unknown_option": ([TRACES / "resnet50_amp.pickle.gz", "--frobnicate"], "--frobnicate"),
+        "bad_capacity": ([TRACES / "resnet50_amp.pickle.gz", "--capacity", "12XB"], "--capacity"),
+        "negative_capacity": ([TRACES / "resnet50_amp.pickle.gz", "--capacity", "-1GiB"], "--capacity"),
+        "bad_config_key": ([TRACES / "resnet50_amp.pickle.gz", "--config", "colour:blue"], "colour"),
+        "bad_config_value": ([TRACES / "resnet50_amp.pickle.gz", "--config", "small_limit:lots"],
+                             "small_limit"),
+        "bad_backend": ([TRACES / "resnet50_amp.pickle.gz", "--backend", "quantum"], "quantum"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "truncated_gzip", "not_a_snapshot", "pickle_not_a_dict",
+                                  "negative_size", "truncated_cuat", "directory", "unknown_option",
+                                  "bad_capacity", "negative_capacity", "bad_config_key",
+                                  "bad_config_value", "bad_backend"])
+def test_bad_input_is_one_clear_line(case, tmp_path):
+    args, named = bad_inputs(tmp_path)[case]
+    proc = run("replay", *args)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("cuarena: error: "), lines[0]
+    assert named in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr and "terminate" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_bad_environment_config_is_reported(tmp_path):
+    env = dict(os.environ, CUARENA_CONF="small_limit:1MiB,typo_key:1")
+    proc = subprocess.run([cli(), "replay", TRACES / "resnet50_amp.pickle.gz"], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 2
+    assert "typo_key" in proc.stderr and "position 17" in proc.stderr
