@@ -95,27 +95,26 @@ bool BlockPool::mergeable(const Block* a, const Block* b) {
   return a->shared || a->stream == b->stream;
 }
 
+void BlockPool::absorb(Block* lower, Block* upper) {
+  lower->size += upper->size;
+  lower->next = upper->next;
+  if (upper->next) upper->next->prev = lower;
+  lower->free_seq = std::max(lower->free_seq, upper->free_seq);
+  lower->used = lower->used || upper->used;
+  delete upper;
+}
+
 Block* BlockPool::coalesce(Block* b) {
   if (b->prev && mergeable(b->prev, b)) {
     Block* p = b->prev;
     remove_free(p);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next) b->next->prev = p;
-    p->free_seq = std::max(p->free_seq, b->free_seq);
-    p->used = p->used || b->used;
-    delete b;
+    absorb(p, b);
     b = p;
   }
   if (b->next && mergeable(b, b->next)) {
     Block* n = b->next;
     remove_free(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next) n->next->prev = b;
-    b->free_seq = std::max(b->free_seq, n->free_seq);
-    b->used = b->used || n->used;
-    delete n;
+    absorb(b, n);
   }
   return b;
 }

@@ -130,6 +130,9 @@ class BlockPool {
   void remove_free(Block* b);
   static bool mergeable(const Block* a, const Block* b);
   Block* coalesce(Block* b);                 // merges detached free b with its neighbours
+  /// Folds `upper` into its lower neighbour `lower` and deletes it. The lower-address object
+  /// survives, so an arena's first block never goes away.
+  static void absorb(Block* lower, Block* upper);
   Block* split_off(Block* b, DevicePtr at);  // b keeps [addr, at); returns [at, end)
   void make_shared(Block* b);
 

@@ -28,6 +28,8 @@ struct Scenario {
   int ops;
 };
 
+void PrintTo(const Scenario& s, std::ostream* os) { *os << s.name; }
+
 class Randomized : public ::testing::TestWithParam<std::tuple<Scenario, unsigned>> {};
 
 // Sizes spanning slabs and large blocks, log-uniform from 1 B to 64 MiB.

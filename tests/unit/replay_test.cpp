@@ -28,6 +28,8 @@ const Expected kTraces[] = {
     {"moe_train.pickle.gz", 11490525960, 12396265472},
 };
 
+void PrintTo(const Expected& e, std::ostream* os) { *os << e.file; }
+
 std::string trace_path(const std::string& name) { return std::string(CUARENA_TRACE_DIR) + "/" + name; }
 
 class RealTrace : public ::testing::TestWithParam<Expected> {};

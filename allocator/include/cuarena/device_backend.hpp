@@ -53,7 +53,10 @@ class DeviceBackend {
   virtual void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) = 0;
 
   /// Unmaps [va, va+bytes). The caller guarantees no pending device work uses the range through
-  /// these addresses. The physical memory stays alive until released.
+  /// these addresses. The physical memory stays alive until released. The core unmaps any
+  /// granule-aligned sub-range of what it mapped, so a backend over cuMemMap (whose cuMemUnmap
+  /// cannot unmap part of one mapping) maps each granule with its own cuMemMap and may grant
+  /// access to a whole run with one cuMemSetAccess.
   virtual void unmap(DevicePtr va, std::size_t bytes) = 0;
 
   /// Records an event on `stream` that completes when all work submitted to it so far has
