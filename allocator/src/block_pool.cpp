@@ -138,6 +138,7 @@ Block* BlockPool::split_off(Block* b, DevicePtr at) {
 }
 
 Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
+  if (size > ctx_.limit) return nullptr;  // can never fit: do not even reserve address space
   StreamPool& sp = stream_pool(stream);
   auto own = sp.free.lower_bound(size);
   Block* b = own == sp.free.end() ? nullptr : *own;

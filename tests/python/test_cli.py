@@ -212,3 +212,11 @@ def test_bad_environment_config_is_reported(tmp_path):
                           text=True, env=env)
     assert proc.returncode == 2
     assert "typo_key" in proc.stderr and "position 17" in proc.stderr
+    assert "CUARENA_CONF" in proc.stderr
+
+
+def test_unwritable_json_fails_before_replaying(tmp_path):
+    proc = run("replay", TRACES / "resnet50_amp.pickle.gz", "--json", tmp_path / "no" / "dir.json")
+    assert proc.returncode == 2
+    assert "cannot open for writing" in proc.stderr
+    assert proc.stdout == ""

@@ -121,6 +121,7 @@ TEST(Defrag, RequestLargerThanTheDeviceFailsFast) {
   Allocator a(sim);
   EXPECT_THROW(a.allocate(300 * MiB, 0), OutOfMemoryError);
   EXPECT_THROW(a.allocate(SIZE_MAX - 100, 0), OutOfMemoryError);
+  EXPECT_THROW(a.allocate(std::size_t{1} << 50, 0), OutOfMemoryError);  // beyond any address space
   EXPECT_EQ(sim.physical_bytes(), 0u);
   a.check_invariants();
 }

@@ -1,6 +1,7 @@
 // `cuarena`: the command-line front end (replay traces, convert them).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "cuarena/config.hpp"
@@ -24,7 +25,20 @@ struct ReplayArgs {
 
 int run_replay(const ReplayArgs& a) {
   SimOptions sim;
-  sim.config = a.config.empty() ? Config::from_env() : Config::parse(a.config);
+  if (a.config.empty()) {
+    try {
+      sim.config = Config::from_env();
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("$CUARENA_CONF: ") + e.what());
+    }
+  } else {
+    sim.config = Config::parse(a.config);
+  }
+  if (!a.json.empty()) {
+    // Fail now, not after a long replay, if the JSON cannot be written.
+    std::ofstream probe(a.json, std::ios::app);
+    if (!probe) throw TraceError(a.json + ": cannot open for writing");
+  }
   if (!a.capacity.empty()) {
     sim.capacity = parse_size(a.capacity, "--capacity");
     if (sim.capacity < sim.config.sim_granularity)
@@ -66,7 +80,7 @@ int main(int argc, char** argv) {
   CLI::App* replay = app.add_subcommand(
       "replay", "Replay allocation traces (PyTorch snapshots .pickle[.gz], RMM CSV, .cuat) "
                 "through the recorded allocator and cuarena");
-  replay->add_option("traces", ra.traces, "Trace files")->required();
+  replay->add_option("TRACE", ra.traces, "Trace files")->required();
   replay->add_option("--allocator", ra.allocators, "Allocators to run: recorded, cuarena")
       ->delimiter(',')
       ->check(CLI::IsMember({"recorded", "cuarena"}));
