@@ -1,29 +1,92 @@
 // `cuarena`: the command-line front end (replay traces, convert them).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <unistd.h>
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include "cuarena/config.hpp"
 #include "cuarena/errors.hpp"
+#include "process.hpp"
 #include "report.hpp"
+#ifdef CUARENA_HAVE_CUDA
+#include "gpu_replay.hpp"
+#endif
 
 using namespace cuarena;
 using namespace cuarena::replay;
 
 namespace {
 
+const std::vector<std::string> kGpuAllocators = {"cuarena",      "torch-native", "torch-expandable",
+                                                 "torch-async",  "cuda-malloc",  "cuda-async"};
+
 struct ReplayArgs {
   std::vector<std::string> traces;
-  std::vector<std::string> allocators = {"recorded", "cuarena"};
-  std::string backend = "sim";
+  std::vector<std::string> allocators;
+  std::vector<std::string> backends = {"sim"};
   std::string capacity;
   bool min_capacity = false;
+  bool verify = false;
+  int device = 0;
   std::string config;
   std::string json;
 };
 
-int run_replay(const ReplayArgs& a) {
+// PyTorch's allocator in a fresh process (it reads PYTORCH_CUDA_ALLOC_CONF once, at load).
+std::optional<Result> replay_torch(const std::string& trace, const std::string& mode,
+                                   const ReplayArgs& a) {
+  const std::string exe = executable_dir() + "/cuarena_torch_replay";
+  if (!std::filesystem::exists(exe)) {
+    std::cerr << "cuarena replay: " << mode
+              << " skipped: this build has no PyTorch replayer (configure with "
+                 "-DCUARENA_WITH_TORCH=ON where torch is installed)\n";
+    return std::nullopt;
+  }
+  const std::string conf = mode == "torch-expandable" ? "expandable_segments:True"
+                           : mode == "torch-async"    ? "backend:cudaMallocAsync"
+                                                      : "";
+  char tmpl[] = "/tmp/cuarena-torch-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) throw TraceError("cannot create a temporary file");
+  close(fd);
+  std::vector<std::string> argv = {exe, trace, mode, tmpl, "--device", std::to_string(a.device)};
+  if (a.verify) argv.push_back("--verify");
+  std::string err;
+  const int rc = run_process(argv, {"PYTORCH_CUDA_ALLOC_CONF=" + conf}, err);
+  if (rc != 0) {
+    std::remove(tmpl);
+    while (!err.empty() && err.back() == '\n') err.pop_back();
+    throw TraceError(trace + ": " + mode + " replay failed (exit " + std::to_string(rc) + "): " +
+                     err.substr(err.rfind('\n') == std::string::npos ? 0 : err.rfind('\n') + 1));
+  }
+  auto results = read_json(tmpl);
+  std::remove(tmpl);
+  return results.at(0);
+}
+
+std::optional<Result> replay_one_gpu(const std::string& path, const std::vector<Event>& events,
+                                     const std::string& allocator, const ReplayArgs& a,
+                                     const Config& config) {
+  if (allocator.rfind("torch-", 0) == 0) return replay_torch(path, allocator, a);
+#ifdef CUARENA_HAVE_CUDA
+  GpuReplayOptions options;
+  options.verify = a.verify;
+  options.device = a.device;
+  std::unique_ptr<GpuAllocator> impl = allocator == "cuarena"       ? make_cuarena_gpu(a.device, config)
+                                       : allocator == "cuda-malloc" ? make_cuda_malloc(a.device)
+                                                                    : make_cuda_async(a.device);
+  return replay_gpu(events, *impl, options);
+#else
+  (void)path, (void)events, (void)config;
+  throw ConfigError("--backend cuda: this build has no CUDA support (no CUDA toolkit at configure time)");
+#endif
+}
+
+int run_replay(ReplayArgs a) {
   SimOptions sim;
   if (a.config.empty()) {
     try {
@@ -34,15 +97,28 @@ int run_replay(const ReplayArgs& a) {
   } else {
     sim.config = Config::parse(a.config);
   }
-  if (!a.json.empty()) {
-    // Fail now, not after a long replay, if the JSON cannot be written.
-    std::ofstream probe(a.json, std::ios::app);
-    if (!probe) throw TraceError(a.json + ": cannot open for writing");
-  }
   if (!a.capacity.empty()) {
     sim.capacity = parse_size(a.capacity, "--capacity");
     if (sim.capacity < sim.config.sim_granularity)
       throw ConfigError("--capacity " + a.capacity + " is smaller than one granule");
+  }
+  const bool gpu = std::find(a.backends.begin(), a.backends.end(), "cuda") != a.backends.end();
+  const bool on_sim = std::find(a.backends.begin(), a.backends.end(), "sim") != a.backends.end();
+  if (a.allocators.empty()) {
+    a.allocators = {"recorded", "cuarena"};
+    if (gpu) {
+      for (const auto& name : kGpuAllocators)
+        if (name != "cuarena") a.allocators.push_back(name);
+    }
+  }
+  for (const auto& name : a.allocators) {
+    if (name != "recorded" && name != "cuarena" && !gpu)
+      throw ConfigError("--allocator " + name + " needs --backend cuda");
+  }
+  if (!a.json.empty()) {
+    // Fail now, not after a long replay, if the JSON cannot be written.
+    std::ofstream probe(a.json, std::ios::app);
+    if (!probe) throw TraceError(a.json + ": cannot open for writing");
   }
   // Load everything first, so a bad file fails before any long replay.
   std::vector<std::pair<std::string, std::vector<Event>>> traces;
@@ -51,20 +127,31 @@ int run_replay(const ReplayArgs& a) {
   std::vector<Result> results;
   for (const auto& [path, events] : traces) {
     const std::vector<int> devices = devices_in(events);
+    if (devices.empty()) std::cerr << "cuarena replay: " << path << ": the trace has no events\n";
     for (int device : devices) {
       const std::vector<Event> ev = device_events(events, device);
       std::string name = trace_name(path);
       if (devices.size() > 1 || device != 0) name += ":cuda" + std::to_string(device);
       for (const std::string& allocator : a.allocators) {
-        Result r = allocator == "recorded" ? replay_recorded(ev) : replay_cuarena(ev, sim);
-        r.trace = name;
-        r.device = device;
-        if (a.min_capacity && allocator == "cuarena")
-          r.min_capacity_bytes = min_capacity(ev, sim, r.peak_reserved_bytes);
-        results.push_back(std::move(r));
+        std::vector<std::optional<Result>> rows;
+        if (allocator == "recorded") {
+          rows.push_back(replay_recorded(ev));
+        } else {
+          if (allocator == "cuarena" && on_sim) {
+            Result r = replay_cuarena(ev, sim);
+            if (a.min_capacity) r.min_capacity_bytes = min_capacity(ev, sim, r.peak_reserved_bytes);
+            rows.push_back(std::move(r));
+          }
+          if (gpu) rows.push_back(replay_one_gpu(path, ev, allocator, a, sim.config));
+        }
+        for (auto& row : rows) {
+          if (!row) continue;
+          row->trace = name;
+          row->device = device;
+          results.push_back(std::move(*row));
+        }
       }
     }
-    if (devices.empty()) std::cerr << "cuarena replay: " << path << ": the trace has no events\n";
   }
   print_table(std::cout, results);
   if (!a.json.empty()) write_json(a.json, results);
@@ -79,17 +166,28 @@ int main(int argc, char** argv) {
   ReplayArgs ra;
   CLI::App* replay = app.add_subcommand(
       "replay", "Replay allocation traces (PyTorch snapshots .pickle[.gz], RMM CSV, .cuat) "
-                "through the recorded allocator and cuarena");
+                "through the recorded allocator, cuarena and, on a GPU, the alternatives");
   replay->add_option("TRACE", ra.traces, "Trace files")->required();
-  replay->add_option("--allocator", ra.allocators, "Allocators to run: recorded, cuarena")
+  std::set<std::string> allocator_names = {"recorded"};
+  allocator_names.insert(kGpuAllocators.begin(), kGpuAllocators.end());
+  replay
+      ->add_option("--allocator", ra.allocators,
+                   "Allocators: recorded, cuarena; with --backend cuda also torch-native, "
+                   "torch-expandable, torch-async, cuda-malloc, cuda-async (default: all that apply)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"recorded", "cuarena"}));
-  replay->add_option("--backend", ra.backend, "Device backend for cuarena: sim (simulated device)")
-      ->check(CLI::IsMember({"sim"}));
+      ->check(CLI::IsMember(allocator_names));
+  replay
+      ->add_option("--backend", ra.backends,
+                   "Device for cuarena: sim (simulated, default), cuda (this machine's GPU), or both")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"sim", "cuda"}));
   replay->add_option("--capacity", ra.capacity,
                      "Device capacity for the simulator (80GiB, 512MiB, bytes); default 143771 MiB");
   replay->add_flag("--min-capacity", ra.min_capacity,
-                   "Binary-search the smallest capacity that replays without out-of-memory");
+                   "Binary-search the smallest capacity that replays without out-of-memory (sim)");
+  replay->add_flag("--verify", ra.verify,
+                   "GPU: tag every block with a kernel and check the tag before it is freed");
+  replay->add_option("--device", ra.device, "GPU: CUDA device ordinal (default 0)");
   replay->add_option("--config", ra.config,
                      "Allocator options, key:value,... (default: $CUARENA_CONF)");
   replay->add_option("--json", ra.json, "Also write the results as JSON to this file");
@@ -122,7 +220,7 @@ int main(int argc, char** argv) {
     std::cerr << "cuarena: error: " << e.what() << '\n';
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "cuarena: internal error: " << e.what() << '\n';
+    std::cerr << "cuarena: error: " << e.what() << '\n';
     return 3;
   }
   return 0;

@@ -29,6 +29,11 @@ struct Result {
   std::uint64_t frees = 0;
   std::uint64_t skipped_events = 0;  ///< frees of never-seen addresses, unknown actions
   double elapsed_s = 0;
+  /// Per-call host latency in microseconds (GPU replays only).
+  struct Latency {
+    double alloc_p50, alloc_p99, alloc_max, free_p50, free_p99, free_max;
+  };
+  std::optional<Latency> latency_us;
   std::map<std::string, std::int64_t> counters;  ///< allocator-specific extras
 };
 

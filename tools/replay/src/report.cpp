@@ -16,7 +16,13 @@ void print_table(std::ostream& out, const std::vector<Result>& results) {
   std::vector<std::string> head = {"trace", "allocator", "backend", "peak requested",
                                    "peak reserved", "ratio"};
   if (any_min) head.push_back("min capacity");
+  bool any_latency = false;
+  for (const Result& r : results) any_latency = any_latency || r.latency_us.has_value();
   for (const char* h : {"ext.frag", "OOMs", "allocs", "skipped", "time s"}) head.push_back(h);
+  if (any_latency) {
+    for (const char* h : {"alloc p50 us", "alloc p99 us", "free p50 us", "free p99 us"})
+      head.push_back(h);
+  }
   rows.push_back(head);
   auto fixed = [](double v, int digits) {
     std::ostringstream s;
@@ -37,6 +43,12 @@ void print_table(std::ostream& out, const std::vector<Result>& results) {
     row.push_back(std::to_string(r.allocs));
     row.push_back(std::to_string(r.skipped_events));
     row.push_back(fixed(r.elapsed_s, 3));
+    if (any_latency) {
+      for (double v : r.latency_us ? std::vector<double>{r.latency_us->alloc_p50, r.latency_us->alloc_p99,
+                                                          r.latency_us->free_p50, r.latency_us->free_p99}
+                                   : std::vector<double>(4, -1.0))
+        row.push_back(v < 0 ? "-" : fixed(v, 2));
+    }
     rows.push_back(row);
   }
   std::vector<std::size_t> width(head.size(), 0);
@@ -77,6 +89,11 @@ void write_json(const std::string& path, const std::vector<Result>& results) {
                         {"skipped_events", r.skipped_events},
                         {"elapsed_s", r.elapsed_s}};
     if (r.min_capacity_bytes) j["min_capacity_bytes"] = *r.min_capacity_bytes;
+    if (r.latency_us) {
+      const auto& l = *r.latency_us;
+      j["alloc_us"] = {{"p50", l.alloc_p50}, {"p99", l.alloc_p99}, {"max", l.alloc_max}};
+      j["free_us"] = {{"p50", l.free_p50}, {"p99", l.free_p99}, {"max", l.free_max}};
+    }
     if (!r.counters.empty()) j["counters"] = r.counters;
     doc["results"].push_back(j);
   }
@@ -84,6 +101,44 @@ void write_json(const std::string& path, const std::vector<Result>& results) {
   if (!out) throw TraceError(path + ": cannot open for writing");
   out << doc.dump(2) << '\n';
   if (!out) throw TraceError(path + ": write failed");
+}
+
+std::vector<Result> read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw TraceError(path + ": cannot open");
+  std::vector<Result> out;
+  try {
+    const nlohmann::json doc = nlohmann::json::parse(in);
+    for (const auto& j : doc.at("results")) {
+      Result r;
+      r.trace = j.at("trace");
+      r.allocator = j.at("allocator");
+      r.backend = j.at("backend");
+      r.device = j.value("device", 0);
+      r.peak_requested_bytes = j.at("peak_requested_bytes");
+      r.peak_reserved_bytes = j.at("peak_reserved_bytes");
+      r.reserved_ratio = j.at("reserved_ratio");
+      r.external_fragmentation = j.value("external_fragmentation", 0.0);
+      r.free_at_peak_bytes = j.value("free_at_peak_bytes", std::uint64_t{0});
+      r.rounding_waste_bytes = j.value("rounding_waste_bytes", std::uint64_t{0});
+      r.ooms = j.at("ooms");
+      r.allocs = j.at("allocs");
+      r.frees = j.at("frees");
+      r.skipped_events = j.at("skipped_events");
+      r.elapsed_s = j.at("elapsed_s");
+      if (j.contains("min_capacity_bytes")) r.min_capacity_bytes = j["min_capacity_bytes"];
+      if (j.contains("alloc_us")) {
+        const auto& a = j["alloc_us"];
+        const auto& f = j["free_us"];
+        r.latency_us = Result::Latency{a["p50"], a["p99"], a["max"], f["p50"], f["p99"], f["max"]};
+      }
+      if (j.contains("counters")) r.counters = j["counters"].get<std::map<std::string, std::int64_t>>();
+      out.push_back(std::move(r));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw TraceError(path + ": not a cuarena results file (" + e.what() + ")");
+  }
+  return out;
 }
 
 }  // namespace cuarena::replay

@@ -15,4 +15,7 @@ void print_table(std::ostream& out, const std::vector<Result>& results);
 /// Writes {"results": [...]} to `path`. Throws TraceError when the file cannot be written.
 void write_json(const std::string& path, const std::vector<Result>& results);
 
+/// Reads what write_json() wrote. Throws TraceError.
+std::vector<Result> read_json(const std::string& path);
+
 }  // namespace cuarena::replay

@@ -1,7 +1,7 @@
 #include "trace.hpp"
 
-#include <spawn.h>
-#include <sys/wait.h>
+#include "process.hpp"
+
 #include <unistd.h>
 #include <zlib.h>
 
@@ -11,8 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-
-extern char** environ;
 
 namespace cuarena::replay {
 
@@ -87,33 +85,11 @@ std::string converter_script() {
 
 // Runs the converter, returning its exit status and stderr text.
 int run_converter(const std::string& in, const std::string& out, std::string& err_text) {
-  int pipefd[2];
-  if (pipe(pipefd) != 0) fail(in, "cannot create a pipe for the trace converter");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipefd[1], STDERR_FILENO);
-  posix_spawn_file_actions_addclose(&actions, pipefd[0]);
-  const std::string py = python_executable(), script = converter_script();
-  std::vector<std::string> args = {py, script, "convert", in, out};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, py.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(pipefd[1]);
-  if (rc != 0) {
-    close(pipefd[0]);
-    fail(in, "cannot run the trace converter '" + py + "': " + std::strerror(rc));
+  try {
+    return run_process({python_executable(), converter_script(), "convert", in, out}, {}, err_text);
+  } catch (const std::runtime_error& e) {
+    fail(in, std::string("cannot run the trace converter: ") + e.what());
   }
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(pipefd[0], buf, sizeof buf)) > 0) err_text.append(buf, std::size_t(n));
-  close(pipefd[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace

@@ -1,0 +1,53 @@
+// CudaVmmBackend: DeviceBackend over CUDA's virtual memory management on one device.
+//
+// Physical chunks are cuMemCreate allocations (pinned device memory, granularity from
+// cuMemGetAllocationGranularity), virtual ranges come from cuMemAddressReserve, and each granule
+// is mapped with its own cuMemMap (cuMemUnmap cannot unmap part of a mapping, and the core
+// unmaps single granules), with one cuMemSetAccess per mapped run. Driver entry points are
+// looked up through cudaGetDriverEntryPointByVersion: nothing links libcuda, so an LD_PRELOAD
+// shim cannot recurse into itself. Events are cudaEvent_t with timing disabled, pooled and
+// reused; a StreamId is a cudaStream_t cast to an integer.
+//
+// Errors: a failed driver call throws BackendError naming the call, its arguments and the
+// driver's message; out-of-memory from cuMemCreate is reported as 0 (the core then
+// defragments or throws OutOfMemoryError). Thread semantics: as DeviceBackend (the Allocator
+// serialises calls); calls switch to this backend's device and restore the caller's.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "cuarena/device_backend.hpp"
+
+namespace cuarena {
+
+class CudaVmmBackend final : public DeviceBackend {
+ public:
+  /// Serves CUDA device `device`. `capacity` bytes (0: the device's total memory). Throws
+  /// BackendError when the device or driver lacks VMM support.
+  explicit CudaVmmBackend(int device, std::size_t capacity = 0);
+  ~CudaVmmBackend() override;
+
+  std::size_t granularity() const override;
+  std::size_t capacity() const override;
+  DevicePtr reserve_address(std::size_t bytes) override;
+  void release_address(DevicePtr va, std::size_t bytes) override;
+  PhysHandle create_physical(std::size_t bytes) override;
+  void release_physical(PhysHandle chunk) override;
+  void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) override;
+  void unmap(DevicePtr va, std::size_t bytes) override;
+  EventId record_event(StreamId stream) override;
+  bool event_completed(EventId event) override;
+  void wait_event(EventId event) override;
+  void release_event(EventId event) override;
+
+  int device() const;
+  /// Driver calls made so far (cuMemCreate/Release/Map/Unmap/SetAccess), for cost accounting.
+  std::size_t driver_calls() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cuarena

@@ -1,0 +1,197 @@
+#include "cuarena/cuda_vmm_backend.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuarena/errors.hpp"
+#include "driver_api.hpp"
+
+namespace cuarena {
+
+namespace {
+
+void check_rt(cudaError_t err, const char* call) {
+  if (err != cudaSuccess) {
+    throw BackendError(std::string("cuarena: ") + call + " failed: " + cudaGetErrorName(err) +
+                       " (" + cudaGetErrorString(err) + ")");
+  }
+}
+
+// Makes `device` current for a scope and restores the caller's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_rt(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_rt(cudaSetDevice(device), "cudaSetDevice");
+    switched_ = previous_ != device;
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+}  // namespace
+
+struct CudaVmmBackend::Impl {
+  const cuda::DriverApi& api = cuda::DriverApi::get();
+  int device = 0;
+  std::size_t granule = 0;
+  std::size_t capacity = 0;
+  std::size_t created = 0;  // physical bytes held
+  std::size_t calls = 0;
+  CUmemAllocationProp prop{};
+  CUmemAccessDesc access{};
+  std::vector<cudaEvent_t> events;  // EventId - 1 indexes this
+  std::vector<EventId> free_events;
+  std::unordered_map<PhysHandle, std::size_t> chunk_bytes;  // live chunks
+};
+
+CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.device = device;
+  DeviceGuard guard(device);
+  check_rt(cudaFree(nullptr), "cudaFree(nullptr) (context initialisation)");
+  int vmm = 0;
+  // The runtime has no name for this attribute; its number is the driver's.
+  check_rt(cudaDeviceGetAttribute(
+               &vmm, static_cast<cudaDeviceAttr>(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
+               device),
+           "cudaDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+  if (!vmm) {
+    throw BackendError("cuarena: device " + std::to_string(device) +
+                       " does not support virtual memory management; use upstream:malloc");
+  }
+  m.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  m.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  m.prop.location.id = device;
+  m.access.location = m.prop.location;
+  m.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  cuda::check(m.api.granularity(&m.granule, &m.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              "cuMemGetAllocationGranularity");
+  std::size_t free_bytes = 0, total_bytes = 0;
+  check_rt(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  m.capacity = capacity ? capacity : total_bytes;
+}
+
+CudaVmmBackend::~CudaVmmBackend() {
+  DeviceGuard guard(impl_->device);
+  for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);
+}
+
+std::size_t CudaVmmBackend::granularity() const { return impl_->granule; }
+std::size_t CudaVmmBackend::capacity() const { return impl_->capacity; }
+int CudaVmmBackend::device() const { return impl_->device; }
+std::size_t CudaVmmBackend::driver_calls() const { return impl_->calls; }
+
+DevicePtr CudaVmmBackend::reserve_address(std::size_t bytes) {
+  CUdeviceptr ptr = 0;
+  ++impl_->calls;
+  const CUresult r = impl_->api.address_reserve(&ptr, bytes, impl_->granule, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    throw BackendError(
+        impl_->api.describe(r, "cuMemAddressReserve(" + std::to_string(bytes) + " bytes)"));
+  }
+  return DevicePtr(ptr);
+}
+
+void CudaVmmBackend::release_address(DevicePtr va, std::size_t bytes) {
+  ++impl_->calls;
+  cuda::check(impl_->api.address_free(CUdeviceptr(va), bytes), "cuMemAddressFree");
+}
+
+PhysHandle CudaVmmBackend::create_physical(std::size_t bytes) {
+  Impl& m = *impl_;
+  if (m.created + bytes > m.capacity) return 0;
+  CUmemGenericAllocationHandle handle = 0;
+  ++m.calls;
+  const CUresult r = m.api.mem_create(&handle, bytes, &m.prop, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
+  if (r != CUDA_SUCCESS)
+    throw BackendError(m.api.describe(r, "cuMemCreate(" + std::to_string(bytes) + " bytes)"));
+  m.created += bytes;
+  m.chunk_bytes[PhysHandle(handle)] = bytes;  // handles are opaque and never 0
+  return PhysHandle(handle);
+}
+
+void CudaVmmBackend::release_physical(PhysHandle chunk) {
+  Impl& m = *impl_;
+  ++m.calls;
+  cuda::check(m.api.mem_release(CUmemGenericAllocationHandle(chunk)), "cuMemRelease");
+  auto it = m.chunk_bytes.find(chunk);
+  if (it != m.chunk_bytes.end()) {
+    m.created -= it->second;
+    m.chunk_bytes.erase(it);
+  }
+}
+
+void CudaVmmBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) {
+  Impl& m = *impl_;
+  const std::size_t g = m.granule;
+  std::size_t done = 0;
+  for (; done < bytes; done += g) {
+    ++m.calls;
+    const CUresult r = m.api.mem_map(CUdeviceptr(va + done), g, offset + done,
+                                     CUmemGenericAllocationHandle(chunk), 0);
+    if (r != CUDA_SUCCESS) {
+      for (std::size_t u = 0; u < done; u += g) m.api.mem_unmap(CUdeviceptr(va + u), g);
+      throw BackendError(m.api.describe(r, "cuMemMap(" + std::to_string(g) + " bytes)"));
+    }
+  }
+  ++m.calls;
+  const CUresult r = m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1);
+  if (r != CUDA_SUCCESS) {
+    for (std::size_t u = 0; u < bytes; u += g) m.api.mem_unmap(CUdeviceptr(va + u), g);
+    throw BackendError(m.api.describe(r, "cuMemSetAccess(" + std::to_string(bytes) + " bytes)"));
+  }
+}
+
+void CudaVmmBackend::unmap(DevicePtr va, std::size_t bytes) {
+  Impl& m = *impl_;
+  for (std::size_t done = 0; done < bytes; done += m.granule) {
+    ++m.calls;
+    cuda::check(m.api.mem_unmap(CUdeviceptr(va + done), m.granule), "cuMemUnmap");
+  }
+}
+
+EventId CudaVmmBackend::record_event(StreamId stream) {
+  Impl& m = *impl_;
+  EventId id;
+  if (!m.free_events.empty()) {
+    id = m.free_events.back();
+    m.free_events.pop_back();
+  } else {
+    DeviceGuard guard(m.device);
+    cudaEvent_t e = nullptr;
+    check_rt(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    m.events.push_back(e);
+    id = m.events.size();
+  }
+  check_rt(cudaEventRecord(m.events[id - 1], reinterpret_cast<cudaStream_t>(stream)),
+           "cudaEventRecord");
+  return id;
+}
+
+bool CudaVmmBackend::event_completed(EventId event) {
+  const cudaError_t err = cudaEventQuery(impl_->events.at(event - 1));
+  if (err == cudaErrorNotReady) return false;
+  check_rt(err, "cudaEventQuery");
+  return true;
+}
+
+void CudaVmmBackend::wait_event(EventId event) {
+  check_rt(cudaEventSynchronize(impl_->events.at(event - 1)), "cudaEventSynchronize");
+}
+
+void CudaVmmBackend::release_event(EventId event) { impl_->free_events.push_back(event); }
+
+}  // namespace cuarena

@@ -1,0 +1,237 @@
+// GPU tests: the VMM backend and the allocator on a real device. They skip, saying why, where no
+// CUDA device is present (CI); tools/gpu-test.sh runs them on the H200.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "cuarena/allocator.hpp"
+#include "cuarena/cuda_vmm_backend.hpp"
+#include "cuarena/sim_backend.hpp"
+#include "gpu_replay.hpp"
+#include "gpu_verify.cuh"
+#include "replay.hpp"
+
+using namespace cuarena;
+using namespace cuarena::replay;
+
+namespace {
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU()                                                                    \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device here: GPU tests run on the H200 "     \
+                                   "(tools/gpu-test.sh)"
+
+void ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+
+std::size_t device_used() {
+  std::size_t free_b = 0, total = 0;
+  cudaMemGetInfo(&free_b, &total);
+  return total - free_b;
+}
+
+TEST(CudaVmmBackend, MapsAliasesAndUnmapsRealMemory) {
+  REQUIRE_GPU();
+  CudaVmmBackend b(0);
+  const std::size_t g = b.granularity();
+  ASSERT_GE(g, 4096u);
+  const DevicePtr va = b.reserve_address(8 * g);
+  const PhysHandle chunk = b.create_physical(2 * g);
+  ASSERT_NE(chunk, 0u);
+  b.map(va, 2 * g, chunk, 0);
+  b.map(va + 4 * g, g, chunk, g);  // an alias of the chunk's second granule
+  std::vector<unsigned char> host(g, 0xAB), back(g, 0);
+  ok(cudaMemcpy(reinterpret_cast<void*>(va + g), host.data(), g, cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(back.data(), reinterpret_cast<void*>(va + 4 * g), g, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, host) << "an alias must see the same physical memory";
+  b.unmap(va + g, g);  // single granules unmap on their own
+  ok(cudaMemcpy(back.data(), reinterpret_cast<void*>(va + 4 * g), 16, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back[0], 0xAB) << "memory must survive while another mapping holds it";
+  b.unmap(va, g);
+  b.unmap(va + 4 * g, g);
+  b.release_physical(chunk);
+  b.release_address(va, 8 * g);
+}
+
+TEST(CudaVmmBackend, EventsFollowTheStream) {
+  REQUIRE_GPU();
+  CudaVmmBackend b(0);
+  cudaStream_t s;
+  ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const EventId e = b.record_event(reinterpret_cast<StreamId>(s));
+  b.wait_event(e);
+  EXPECT_TRUE(b.event_completed(e));
+  b.release_event(e);
+  const EventId again = b.record_event(reinterpret_cast<StreamId>(s));
+  EXPECT_EQ(again, e) << "events are pooled and reused";
+  b.release_event(again);
+  ok(cudaStreamDestroy(s));
+}
+
+TEST(CudaAllocator, BlocksHoldDataAndNeverOverlap) {
+  REQUIRE_GPU();
+  CudaVmmBackend backend(0);
+  Allocator a(backend);
+  std::mt19937_64 rng(7);
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (int i = 0; i < 200; ++i) {
+    const std::size_t bytes = std::size_t(1) << (9 + rng() % 18);  // 512 B .. 64 MiB
+    void* p = a.allocate(bytes, 0);
+    ok(cudaMemset(p, i & 0xff, bytes));
+    blocks.emplace_back(p, bytes);
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    unsigned char first = 0, last = 0;
+    ok(cudaMemcpy(&first, blocks[i].first, 1, cudaMemcpyDeviceToHost));
+    ok(cudaMemcpy(&last, static_cast<char*>(blocks[i].first) + blocks[i].second - 1, 1,
+                  cudaMemcpyDeviceToHost));
+    EXPECT_EQ(first, i & 0xff);
+    EXPECT_EQ(last, i & 0xff);
+  }
+  a.check_invariants();
+  for (auto& [p, n] : blocks) a.deallocate(p);
+  a.check_invariants();
+}
+
+TEST(CudaAllocator, OutOfMemoryIsCleanAndNothingLeaks) {
+  REQUIRE_GPU();
+  ok(cudaDeviceSynchronize());
+  const std::size_t before = device_used();
+  {
+    CudaVmmBackend backend(0);
+    Allocator a(backend);
+    std::vector<void*> blocks;
+    const std::size_t chunk = std::size_t(8) << 30;
+    bool hit_oom = false;
+    for (int i = 0; i < 64 && !hit_oom; ++i) {
+      try {
+        blocks.push_back(a.allocate(chunk, 0));
+      } catch (const OutOfMemoryError& e) {
+        hit_oom = true;
+        EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos);
+      }
+    }
+    ASSERT_TRUE(hit_oom) << "64 x 8 GiB should not fit";
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "OOM must leave no sticky CUDA error";
+    a.deallocate(blocks.back());
+    blocks.pop_back();
+    void* again = nullptr;
+    ASSERT_NO_THROW(again = a.allocate(chunk, 0)) << "freeing must make room again";
+    blocks.push_back(again);
+    for (void* p : blocks) a.deallocate(p);
+    a.release_cached();
+    EXPECT_EQ(a.stats().reserved_bytes[0].current, 0);
+    a.check_invariants();
+  }
+  ok(cudaDeviceSynchronize());
+  EXPECT_LE(device_used(), before + (std::size_t(64) << 20)) << "memory leaked to the device";
+}
+
+// Threads on their own streams allocate, tag blocks with a kernel, hand some blocks to other
+// streams via record_stream, and check tags before freeing: premature reuse shows as a bad tag.
+TEST(CudaAllocator, MultiThreadMultiStreamStress) {
+  REQUIRE_GPU();
+  CudaVmmBackend backend(0);
+  Allocator a(backend, Config::parse("sweep_interval:4"));
+  std::uint64_t* error = nullptr;
+  ok(cudaMalloc(reinterpret_cast<void**>(&error), sizeof *error));
+  ok(cudaMemset(error, 0, sizeof *error));
+  constexpr int kThreads = 8;
+  std::vector<cudaStream_t> streams(kThreads);
+  for (auto& s : streams) ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::atomic<std::uint64_t> next_tag{1};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      cudaSetDevice(0);
+      std::mt19937_64 rng(1000 + t);
+      struct Block { void* p; std::size_t n; std::uint64_t tag; };
+      std::vector<Block> mine;
+      for (int i = 0; i < 1500; ++i) {
+        cudaStream_t s = streams[t];
+        if (mine.empty() || rng() % 2) {
+          const std::size_t n = std::max<std::size_t>(16, std::size_t(1) << (4 + rng() % 22));
+          void* p = a.allocate(n, reinterpret_cast<StreamId>(s));
+          const std::uint64_t tag = next_tag++;
+          launch_tag(p, n, tag, s);
+          mine.push_back({p, n, tag});
+        } else {
+          const std::size_t k = rng() % mine.size();
+          const Block b = mine[k];
+          mine[k] = mine.back();
+          mine.pop_back();
+          cudaStream_t other = streams[rng() % kThreads];
+          if (other != s && rng() % 3 == 0) {
+            // The check runs on the other stream: the block must wait for it.
+            cudaEvent_t ev;
+            cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+            cudaEventRecord(ev, s);
+            cudaStreamWaitEvent(other, ev, 0);
+            cudaEventDestroy(ev);
+            launch_check(b.p, b.n, b.tag, error, other);
+            a.record_stream(b.p, reinterpret_cast<StreamId>(other));
+          } else {
+            launch_check(b.p, b.n, b.tag, error, s);
+          }
+          a.deallocate(b.p);
+        }
+      }
+      for (const Block& b : mine) {
+        launch_check(b.p, b.n, b.tag, error, streams[t]);
+        a.deallocate(b.p);
+      }
+      if (cudaGetLastError() != cudaSuccess) ++failures;
+    });
+  }
+  for (auto& th : threads) th.join();
+  ok(cudaDeviceSynchronize());
+  std::uint64_t bad = 0;
+  ok(cudaMemcpy(&bad, error, sizeof bad, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(bad, 0u) << "a block was reused while its previous owner could still touch it";
+  EXPECT_EQ(failures.load(), 0);
+  a.check_invariants();
+  EXPECT_EQ(a.stats().allocation[0].current, 0);
+  for (auto& s : streams) ok(cudaStreamDestroy(s));
+  ok(cudaFree(error));
+}
+
+// Every bundled trace replayed with real memory, verified, and compared with the simulator.
+class GpuReplay : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuReplay, VerifiedAndFaithfulToTheSimulator) {
+  REQUIRE_GPU();
+  const auto events = load_trace(std::string(CUARENA_TRACE_DIR) + "/" + GetParam());
+  auto gpu = make_cuarena_gpu(0, Config{});
+  GpuReplayOptions options;
+  options.verify = true;
+  const Result r = replay_gpu(events, *gpu, options);
+  EXPECT_EQ(r.ooms, 0u);
+  EXPECT_EQ(r.counters.at("verify_failures"), 0);
+  const Result sim = replay_cuarena(events, SimOptions{});
+  EXPECT_NEAR(r.reserved_ratio, sim.reserved_ratio, 0.01 * sim.reserved_ratio)
+      << "GPU replay strays more than 1% from the simulator's prediction";
+  RecordProperty("gpu_ratio", std::to_string(r.reserved_ratio));
+  RecordProperty("sim_ratio", std::to_string(sim.reserved_ratio));
+  std::cout << "[ gpu-replay ] " << GetParam() << " gpu " << r.reserved_ratio << " sim "
+            << sim.reserved_ratio << " alloc p50 " << r.latency_us->alloc_p50 << " us\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Traces, GpuReplay,
+                         ::testing::Values("gpt2_train.pickle.gz", "resnet50_amp.pickle.gz",
+                                           "bert_varlen_infer.pickle.gz", "vit_multistream.pickle.gz",
+                                           "moe_train.pickle.gz"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           return n.substr(0, n.find('.'));
+                         });
+
+}  // namespace

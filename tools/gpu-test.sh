@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU test suite, for a machine with an NVIDIA GPU, the CUDA toolkit and PyTorch (the H200):
+# builds with CUDA and the PyTorch replayer, runs the GPU unit and stress tests (also under
+# compute-sanitizer memcheck), and replays every bundled trace with real memory and --verify
+# through cuarena and the alternatives. Ends with a line "N passed, N failed".
+#
+# Build dependencies come from the system or, where it lacks them, from Debian packages placed
+# in .deps/ (see tools/fetch-gpu-deps.sh), unpacked under /opt/cuarena-deps.
+# Logs go to $OUT (or ./gpu-test-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-test-out}
+mkdir -p "$out"
+passed=0
+failed=0
+step() {  # step NAME COMMAND...: runs COMMAND, logging to $out/NAME.log
+  local name=$1
+  shift
+  if "$@" >"$out/$name.log" 2>&1; then
+    passed=$((passed + 1))
+    echo "PASS $name"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name (exit $?; last lines of $out/$name.log:)"
+    tail -15 "$out/$name.log"
+  fi
+}
+
+if ls .deps/*.deb >/dev/null 2>&1; then
+  mkdir -p /opt/cuarena-deps
+  for f in .deps/*.deb; do dpkg -x "$f" /opt/cuarena-deps; done
+  export CMAKE_PREFIX_PATH=/opt/cuarena-deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export LD_LIBRARY_PATH=/opt/cuarena-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+python=$(command -v python3)
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
+"$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >>"$out/gpu.txt" 2>&1
+nvcc --version | tail -2 >>"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+
+step build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCUARENA_WITH_TORCH=ON -DCUARENA_BUILD_BENCH=OFF -DPython3_EXECUTABLE=$python \
+  -DZLIB_ROOT=/opt/cuarena-deps/usr && cmake --build build-gpu -j 16"
+if [ ! -x build-gpu/bin/gpu_tests ]; then
+  echo "$passed passed, $((failed + 1)) failed"
+  exit 1
+fi
+step gpu_tests build-gpu/bin/gpu_tests --gtest_output=json:"$out/gpu_tests.json"
+grep -h "gpu-replay" "$out/gpu_tests.log" || true
+step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
+  build-gpu/bin/gpu_tests --gtest_filter='CudaVmmBackend.*:CudaAllocator.BlocksHold*:CudaAllocator.MultiThread*'
+step core_tests build-gpu/bin/core_tests
+step replay_verify bash -c "build-gpu/bin/cuarena replay tests/data/traces/*.pickle.gz \
+  --backend sim,cuda --verify --json $out/gpu_replay.json && \
+  $python -c \"import json,sys; rs=json.load(open('$out/gpu_replay.json'))['results']; \
+bad=[(r['trace'],r['allocator']) for r in rs if r.get('counters',{}).get('verify_failures',0)]; \
+print('verify failures:', bad); sys.exit(1 if bad else 0)\""
+cat "$out/replay_verify.log" | head -60
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

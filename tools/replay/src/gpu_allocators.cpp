@@ -1,0 +1,138 @@
+// The allocators `cuarena replay --backend cuda` compares, other than PyTorch's (which run in
+// their own process: torch_replay.cpp).
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "cuarena/allocator.hpp"
+#include "cuarena/cuda_vmm_backend.hpp"
+#include "gpu_replay.hpp"
+
+namespace cuarena::replay {
+
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+class CuarenaGpu final : public GpuAllocator {
+ public:
+  CuarenaGpu(int device, const Config& config) : backend_(device), alloc_(backend_, config) {}
+  std::string name() const override { return "cuarena"; }
+  void* allocate(std::size_t bytes, void* stream) override {
+    try {
+      return alloc_.allocate(bytes, reinterpret_cast<StreamId>(stream));
+    } catch (const OutOfMemoryError&) {
+      return nullptr;
+    }
+  }
+  void deallocate(void* ptr, std::size_t, void*) override { alloc_.deallocate(ptr); }
+  std::size_t reserved_bytes() override {
+    return std::size_t(alloc_.stats().reserved_bytes[int(Pool::kAll)].current);
+  }
+  std::map<std::string, std::int64_t> counters() override {
+    const Stats s = alloc_.stats();
+    return {{"driver_calls", std::int64_t(backend_.driver_calls())},
+            {"map_calls", s.map_calls},
+            {"unmap_calls", s.unmap_calls},
+            {"num_device_alloc", s.num_device_alloc},
+            {"granules_stolen", s.granules_stolen},
+            {"granules_aliased", s.granules_aliased},
+            {"events_recorded", s.events_recorded},
+            {"num_sync_all_streams", s.num_sync_all_streams}};
+  }
+
+ private:
+  CudaVmmBackend backend_;
+  Allocator alloc_;
+};
+
+class CudaMalloc final : public GpuAllocator {
+ public:
+  explicit CudaMalloc(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+  ~CudaMalloc() override {
+    for (auto& [p, bytes] : live_) cudaFree(p);
+  }
+  std::string name() const override { return "cuda-malloc"; }
+  void* allocate(std::size_t bytes, void*) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();  // clear the out-of-memory error
+      return nullptr;
+    }
+    const std::size_t held = (bytes + kGranule - 1) / kGranule * kGranule;  // driver granularity
+    live_[p] = held;
+    reserved_ += held;
+    return p;
+  }
+  void deallocate(void* ptr, std::size_t, void*) override {
+    check(cudaFree(ptr), "cudaFree");
+    reserved_ -= live_.at(ptr);
+    live_.erase(ptr);
+  }
+  std::size_t reserved_bytes() override { return reserved_; }
+
+ private:
+  static constexpr std::size_t kGranule = 2u << 20;
+  std::unordered_map<void*, std::size_t> live_;
+  std::size_t reserved_ = 0;
+};
+
+class CudaAsync final : public GpuAllocator {
+ public:
+  explicit CudaAsync(int device) {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    check(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
+    std::uint64_t threshold = UINT64_MAX;  // keep memory across synchronisations
+    check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
+          "cudaMemPoolSetAttribute(ReleaseThreshold)");
+  }
+  ~CudaAsync() override {
+    cudaDeviceSynchronize();
+    cudaMemPoolDestroy(pool_);
+  }
+  std::string name() const override { return "cuda-async"; }
+  void* allocate(std::size_t bytes, void* stream) override {
+    void* p = nullptr;
+    if (cudaMallocFromPoolAsync(&p, bytes, pool_, static_cast<cudaStream_t>(stream)) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+  void deallocate(void* ptr, std::size_t, void* stream) override {
+    check(cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream)), "cudaFreeAsync");
+  }
+  std::size_t reserved_bytes() override {
+    std::uint64_t v = 0;
+    check(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &v),
+          "cudaMemPoolGetAttribute(ReservedMemCurrent)");
+    return std::size_t(v);
+  }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<GpuAllocator> make_cuarena_gpu(int device, const Config& config) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  return std::make_unique<CuarenaGpu>(device, config);
+}
+std::unique_ptr<GpuAllocator> make_cuda_malloc(int device) {
+  return std::make_unique<CudaMalloc>(device);
+}
+std::unique_ptr<GpuAllocator> make_cuda_async(int device) {
+  return std::make_unique<CudaAsync>(device);
+}
+
+}  // namespace cuarena::replay
