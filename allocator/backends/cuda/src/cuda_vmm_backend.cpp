@@ -53,7 +53,11 @@ struct CudaVmmBackend::Impl {
   CUmemAccessDesc access{};
   std::vector<cudaEvent_t> events;  // EventId - 1 indexes this
   std::vector<EventId> free_events;
-  std::unordered_map<PhysHandle, std::size_t> chunk_bytes;  // live chunks
+  // A chunk is one cuMemCreate handle per granule: cuMemMap maps only whole handles (offset 0,
+  // full size; seen on the H200 with driver 580: CUDA_ERROR_NOT_SUPPORTED otherwise), and the
+  // core maps and unmaps single granules.
+  std::unordered_map<PhysHandle, std::vector<CUmemGenericAllocationHandle>> chunks;
+  PhysHandle next_chunk = 1;
 };
 
 CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity) : impl_(std::make_unique<Impl>()) {
@@ -86,6 +90,9 @@ CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity) : impl_(std::ma
 CudaVmmBackend::~CudaVmmBackend() {
   DeviceGuard guard(impl_->device);
   for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);
+  for (auto& [id, handles] : impl_->chunks) {  // the core releases its chunks; this is a backstop
+    for (auto h : handles) impl_->api.mem_release(h);
+  }
 }
 
 std::size_t CudaVmmBackend::granularity() const { return impl_->granule; }
@@ -112,36 +119,46 @@ void CudaVmmBackend::release_address(DevicePtr va, std::size_t bytes) {
 PhysHandle CudaVmmBackend::create_physical(std::size_t bytes) {
   Impl& m = *impl_;
   if (m.created + bytes > m.capacity) return 0;
-  CUmemGenericAllocationHandle handle = 0;
-  ++m.calls;
-  const CUresult r = m.api.mem_create(&handle, bytes, &m.prop, 0);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
-  if (r != CUDA_SUCCESS)
-    throw BackendError(m.api.describe(r, "cuMemCreate(" + std::to_string(bytes) + " bytes)"));
+  std::vector<CUmemGenericAllocationHandle> handles;
+  handles.reserve(bytes / m.granule);
+  for (std::size_t done = 0; done < bytes; done += m.granule) {
+    CUmemGenericAllocationHandle h = 0;
+    ++m.calls;
+    const CUresult r = m.api.mem_create(&h, m.granule, &m.prop, 0);
+    if (r != CUDA_SUCCESS) {
+      for (auto made : handles) m.api.mem_release(made);
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
+      throw BackendError(m.api.describe(r, "cuMemCreate(" + std::to_string(m.granule) + " bytes)"));
+    }
+    handles.push_back(h);
+  }
   m.created += bytes;
-  m.chunk_bytes[PhysHandle(handle)] = bytes;  // handles are opaque and never 0
-  return PhysHandle(handle);
+  const PhysHandle id = m.next_chunk++;
+  m.chunks.emplace(id, std::move(handles));
+  return id;
 }
 
 void CudaVmmBackend::release_physical(PhysHandle chunk) {
   Impl& m = *impl_;
-  ++m.calls;
-  cuda::check(m.api.mem_release(CUmemGenericAllocationHandle(chunk)), "cuMemRelease");
-  auto it = m.chunk_bytes.find(chunk);
-  if (it != m.chunk_bytes.end()) {
-    m.created -= it->second;
-    m.chunk_bytes.erase(it);
+  auto it = m.chunks.find(chunk);
+  if (it == m.chunks.end()) throw BackendError("cuarena: release_physical of an unknown chunk");
+  for (auto h : it->second) {
+    ++m.calls;
+    cuda::check(m.api.mem_release(h), "cuMemRelease");
   }
+  m.created -= it->second.size() * m.granule;
+  m.chunks.erase(it);
 }
 
 void CudaVmmBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) {
   Impl& m = *impl_;
   const std::size_t g = m.granule;
+  const auto& handles = m.chunks.at(chunk);
   std::size_t done = 0;
   for (; done < bytes; done += g) {
     ++m.calls;
-    const CUresult r = m.api.mem_map(CUdeviceptr(va + done), g, offset + done,
-                                     CUmemGenericAllocationHandle(chunk), 0);
+    const CUresult r =
+        m.api.mem_map(CUdeviceptr(va + done), g, 0, handles.at((offset + done) / g), 0);
     if (r != CUDA_SUCCESS) {
       for (std::size_t u = 0; u < done; u += g) m.api.mem_unmap(CUdeviceptr(va + u), g);
       throw BackendError(m.api.describe(r, "cuMemMap(" + std::to_string(g) + " bytes)"));

@@ -1,9 +1,10 @@
 // CudaVmmBackend: DeviceBackend over CUDA's virtual memory management on one device.
 //
-// Physical chunks are cuMemCreate allocations (pinned device memory, granularity from
-// cuMemGetAllocationGranularity), virtual ranges come from cuMemAddressReserve, and each granule
-// is mapped with its own cuMemMap (cuMemUnmap cannot unmap part of a mapping, and the core
-// unmaps single granules), with one cuMemSetAccess per mapped run. Driver entry points are
+// A physical chunk of n granules is n cuMemCreate handles of one granule each (pinned device
+// memory, granularity from cuMemGetAllocationGranularity): cuMemMap maps only whole handles and
+// cuMemUnmap unmaps only whole mappings, while the core maps, aliases and unmaps single
+// granules. Virtual ranges come from cuMemAddressReserve; one cuMemSetAccess covers each mapped
+// run. Driver entry points are
 // looked up through cudaGetDriverEntryPointByVersion: nothing links libcuda, so an LD_PRELOAD
 // shim cannot recurse into itself. Events are cudaEvent_t with timing disabled, pooled and
 // reused; a StreamId is a cudaStream_t cast to an integer.
