@@ -59,9 +59,12 @@ std::optional<Result> replay_torch(const std::string& trace, const std::string& 
   const int rc = run_process(argv, {"PYTORCH_CUDA_ALLOC_CONF=" + conf}, err);
   if (rc != 0) {
     std::remove(tmpl);
-    while (!err.empty() && err.back() == '\n') err.pop_back();
-    throw TraceError(trace + ": " + mode + " replay failed (exit " + std::to_string(rc) + "): " +
-                     err.substr(err.rfind('\n') == std::string::npos ? 0 : err.rfind('\n') + 1));
+    // PyTorch's errors read "what():  <message>"; otherwise the first line says most.
+    std::string why = err.substr(0, err.find('\n'));
+    const std::size_t what = err.find("what():");
+    if (what != std::string::npos) why = err.substr(what + 7, err.find('\n', what) - what - 7);
+    throw std::runtime_error(trace + ": " + mode + " replay failed (exit " + std::to_string(rc) +
+                             "):" + why);
   }
   auto results = read_json(tmpl);
   std::remove(tmpl);
@@ -125,6 +128,7 @@ int run_replay(ReplayArgs a) {
   for (const std::string& path : a.traces) traces.emplace_back(path, load_trace(path));
 
   std::vector<Result> results;
+  bool failures = false;
   for (const auto& [path, events] : traces) {
     const std::vector<int> devices = devices_in(events);
     if (devices.empty()) std::cerr << "cuarena replay: " << path << ": the trace has no events\n";
@@ -142,7 +146,14 @@ int run_replay(ReplayArgs a) {
             if (a.min_capacity) r.min_capacity_bytes = min_capacity(ev, sim, r.peak_reserved_bytes);
             rows.push_back(std::move(r));
           }
-          if (gpu) rows.push_back(replay_one_gpu(path, ev, allocator, a, sim.config));
+          if (gpu) {
+            try {
+              rows.push_back(replay_one_gpu(path, ev, allocator, a, sim.config));
+            } catch (const std::runtime_error& e) {  // report, go on with the other allocators
+              std::cerr << "cuarena: error: " << e.what() << '\n';
+              failures = true;
+            }
+          }
         }
         for (auto& row : rows) {
           if (!row) continue;
@@ -155,7 +166,7 @@ int run_replay(ReplayArgs a) {
   }
   print_table(std::cout, results);
   if (!a.json.empty()) write_json(a.json, results);
-  return 0;
+  return failures ? 1 : 0;
 }
 
 }  // namespace
