@@ -39,7 +39,7 @@ nvcc --version | tail -2 >>"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 
 step build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCUARENA_WITH_TORCH=ON -DCUARENA_BUILD_BENCH=OFF -DPython3_EXECUTABLE=$python \
+  -DCUARENA_WITH_TORCH=ON -DPython3_EXECUTABLE=$python \
   -DZLIB_ROOT=/opt/cuarena-deps/usr && cmake --build build-gpu -j 16"
 if [ ! -x build-gpu/bin/gpu_tests ]; then
   echo "$passed passed, $((failed + 1)) failed"
@@ -56,5 +56,10 @@ step replay_verify bash -c "build-gpu/bin/cuarena replay tests/data/traces/*.pic
 bad=[(r['trace'],r['allocator']) for r in rs if r.get('counters',{}).get('verify_failures',0)]; \
 print('verify failures:', bad); sys.exit(1 if bad else 0)\""
 cat "$out/replay_verify.log" | head -60
+if [ "${CUARENA_GPU_BENCH:-1}" = 1 ]; then
+  step gpu_bench build-gpu/bin/cuarena_gpu_bench --benchmark_min_time=0.2 \
+    --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json
+  grep -E "^(AllocFree|MixedTrace|Threads)" "$out/gpu_bench.log" | cut -c1-140
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
