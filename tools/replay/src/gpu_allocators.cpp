@@ -125,6 +125,12 @@ class CudaAsync final : public GpuAllocator {
 }  // namespace
 
 std::unique_ptr<GpuAllocator> make_cuarena_gpu(int device, const Config& config) {
+  if (config.upstream != Upstream::kVmm) {
+    // Refuse rather than silently measure a different upstream than the one asked for.
+    throw ConfigError("cuarena config: upstream:" +
+                      std::string(config.upstream == Upstream::kAsync ? "async" : "malloc") +
+                      " is not implemented yet; only upstream:vmm is");
+  }
   check(cudaSetDevice(device), "cudaSetDevice");
   return std::make_unique<CuarenaGpu>(device, config);
 }
