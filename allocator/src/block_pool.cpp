@@ -198,7 +198,13 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   auto creates = [&](std::size_t have) { return (need - std::min(need, have)) * gran; };
   std::size_t reclaimed_idle = 0, aliased = 0;
   std::vector<PhysRef> aliases;
-  if (ctx_.reserved() + creates(phys_.idle_granules()) > ctx_.soft_limit) {
+  // Growing is allowed below the soft limit and below cache_slack over the peak of allocated
+  // bytes; past both, cached granules are reused first.
+  const auto slack_limit = static_cast<std::size_t>(
+      (1.0 + ctx_.config.cache_slack) *
+      double(ctx_.stats.allocated_bytes[int(Pool::kAll)].peak));
+  const std::size_t soft = std::max(ctx_.soft_limit, ctx_.config.cache_slack > 0 ? slack_limit : 0);
+  if (ctx_.reserved() + creates(phys_.idle_granules()) > soft) {
     // Reuse before growing. b is detached, so sweeps finishing here cannot coalesce it away.
     record_sweeps();
     poll_sweeps();
@@ -206,8 +212,7 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
     steal(need);
     reclaimed_idle = phys_.idle_granules() - std::min(before, phys_.idle_granules());
     const std::size_t idle = phys_.idle_granules();
-    if (ctx_.config.stream_alias && idle < need &&
-        ctx_.reserved() + creates(idle) > ctx_.soft_limit) {
+    if (ctx_.config.stream_alias && idle < need && ctx_.reserved() + creates(idle) > soft) {
       StreamPool& sp = stream_pool(stream);
       const std::size_t want = need - idle;
       // Aliasing cannot be undone until the sweep: only start if it lets the request fit.

@@ -112,6 +112,8 @@ const std::vector<std::pair<std::string, Setter>>& setters() {
       {"slab_size", [](Config& c, const Entry& e) { c.slab_size = parse_size_entry(e); }},
       {"defrag_threshold",
        [](Config& c, const Entry& e) { c.defrag_threshold = parse_double(e, 0.0, 1.0, false); }},
+      {"cache_slack",
+       [](Config& c, const Entry& e) { c.cache_slack = parse_double(e, 0.0, 10.0, false); }},
       {"per_process_memory_fraction",
        [](Config& c, const Entry& e) {
          c.per_process_memory_fraction = parse_double(e, 0.0, 1.0, true);
@@ -192,6 +194,7 @@ std::string Config::to_string() const {
   const char* up = upstream == Upstream::kVmm ? "vmm" : upstream == Upstream::kAsync ? "async" : "malloc";
   out << "small_limit:" << small_limit << ",size_classes_per_doubling:" << size_classes_per_doubling
       << ",slab_size:" << slab_size << ",defrag_threshold:" << defrag_threshold
+      << ",cache_slack:" << cache_slack
       << ",per_process_memory_fraction:" << per_process_memory_fraction
       << ",stream_alias:" << (stream_alias ? "True" : "False")
       << ",sweep_interval:" << sweep_interval << ",va_reserve:" << va_reserve << ",upstream:" << up

@@ -32,7 +32,7 @@ TEST(Config, ParsesEveryKindOfValue) {
   const Config c = Config::parse(
       "small_limit:64KiB, size_classes_per_doubling:8,slab_size:4MiB,defrag_threshold:0.5,"
       "per_process_memory_fraction:0.25,upstream:async,sim_event_latency:3,sim_capacity:80GiB,"
-      "sim_granularity:64KiB,va_reserve:1TiB,sweep_interval:7,stream_alias:False");
+      "sim_granularity:64KiB,va_reserve:1TiB,sweep_interval:7,stream_alias:False,cache_slack:0.05");
   EXPECT_EQ(c.small_limit, 64 * KiB);
   EXPECT_EQ(c.size_classes_per_doubling, 8u);
   EXPECT_EQ(c.slab_size, 4 * MiB);
@@ -45,6 +45,7 @@ TEST(Config, ParsesEveryKindOfValue) {
   EXPECT_EQ(c.va_reserve, std::size_t{1} << 40);
   EXPECT_EQ(c.sweep_interval, 7u);
   EXPECT_FALSE(c.stream_alias);
+  EXPECT_DOUBLE_EQ(c.cache_slack, 0.05);
 }
 
 TEST(Config, RoundTripsThroughToString) {
@@ -63,7 +64,7 @@ TEST(Config, MalformedValuesNameTheKey) {
   for (const char* bad : {"small_limit:-1", "small_limit:12XB", "small_limit:", "defrag_threshold:2",
                           "defrag_threshold:abc", "per_process_memory_fraction:0",
                           "size_classes_per_doubling:0", "upstream:cuda", "sim_granularity:3000",
-                          "sweep_interval:0", "stream_alias:maybe"}) {
+                          "sweep_interval:0", "stream_alias:maybe", "cache_slack:-1"}) {
     const std::string msg = error_of(bad);
     const std::string key = std::string(bad).substr(0, std::string(bad).find(':'));
     EXPECT_NE(msg.find("'" + key + "'"), std::string::npos) << bad << " -> " << msg;

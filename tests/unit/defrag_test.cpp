@@ -47,6 +47,17 @@ TEST(Defrag, ThresholdDefersStealingUntilCrossed) {
   EXPECT_EQ(s.granules_stolen, 0);
 }
 
+TEST(Defrag, CacheSlackGrowsInsteadOfMovingGranules) {
+  Stats s;
+  // 80 MiB of pins + 80 MiB of cached blocks is well within 200% over the allocated peak.
+  const std::size_t held = fragmented_then_large("cache_slack:2.0", &s);
+  EXPECT_GE(held, 160 * MiB);
+  EXPECT_EQ(s.granules_stolen, 0);
+  Stats tight;
+  fragmented_then_large("cache_slack:0.01", &tight);
+  EXPECT_GT(tight.granules_stolen, 0) << "1% slack is exceeded here, so granules must move";
+}
+
 TEST(Defrag, ReleaseCachedReturnsEverythingFree) {
   SimBackend sim(sim_options());
   Allocator a(sim);

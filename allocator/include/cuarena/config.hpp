@@ -25,6 +25,10 @@ struct Config {
   /// Fraction of the memory limit below which a miss maps fresh granules; at or above it, a miss
   /// first steals cached free granules (defragmentation). 0 (default): always reuse first.
   double defrag_threshold = 0.0;
+  /// Cached memory allowed on top of the peak of allocated bytes before a miss reuses cached
+  /// granules instead of growing (0.05: up to 5% more memory, far fewer granule moves, each of
+  /// which costs ~65 us on an H200). 0 (default): reuse first, always.
+  double cache_slack = 0.0;
   /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
   double per_process_memory_fraction = 1.0;
   /// Reuse a stream's own freed granules for its next request at once, by mapping them at the
