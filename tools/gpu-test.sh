@@ -56,6 +56,8 @@ step replay_verify bash -c "build-gpu/bin/cuarena replay tests/data/traces/*.pic
 bad=[(r['trace'],r['allocator']) for r in rs if r.get('counters',{}).get('verify_failures',0)]; \
 print('verify failures:', bad); sys.exit(1 if bad else 0)\""
 cat "$out/replay_verify.log" | head -60
+step vmm_costs build-gpu/bin/cuarena_vmm_costs
+cat "$out/vmm_costs.log"
 if [ "${CUARENA_GPU_BENCH:-1}" = 1 ]; then
   step gpu_bench build-gpu/bin/cuarena_gpu_bench --benchmark_min_time=0.2 \
     --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json
