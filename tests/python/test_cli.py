@@ -146,6 +146,10 @@ def test_rmm_csv_replays(tmp_path):
     [r] = replay_json(tmp_path, csv, "--allocator", "cuarena")
     assert r["allocs"] == 2 and r["frees"] == 1 and r["ooms"] == 0
     assert r["peak_requested_bytes"] == 8 * MiB + 1024
+    # No segment events: no meaningless 'recorded' row, and a note saying why.
+    proc = run("replay", csv, check=True)
+    assert "no 'recorded' row" in proc.stderr
+    assert "recorded" not in proc.stdout.split("\n", 2)[2]
 
 
 def test_convert_then_replay_cuat_gives_the_same_numbers(tmp_path):
@@ -187,13 +191,17 @@ def bad_inputs(tmp_path):
         "bad_config_value": ([TRACES / "resnet50_amp.pickle.gz", "--config", "small_limit:lots"],
                              "small_limit"),
         "bad_backend": ([TRACES / "resnet50_amp.pickle.gz", "--backend", "quantum"], "quantum"),
+        "verify_without_gpu_backend": ([TRACES / "resnet50_amp.pickle.gz", "--verify"], "--verify"),
+        "torch_allocator_on_sim": ([TRACES / "resnet50_amp.pickle.gz", "--allocator", "torch-native"],
+                                   "torch-native"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing", "truncated_gzip", "not_a_snapshot", "pickle_not_a_dict",
                                   "negative_size", "truncated_cuat", "directory", "unknown_option",
                                   "bad_capacity", "negative_capacity", "bad_config_key",
-                                  "bad_config_value", "bad_backend"])
+                                  "bad_config_value", "bad_backend", "verify_without_gpu_backend",
+                                  "torch_allocator_on_sim"])
 def test_bad_input_is_one_clear_line(case, tmp_path):
     args, named = bad_inputs(tmp_path)[case]
     proc = run("replay", *args)
@@ -220,3 +228,12 @@ def test_unwritable_json_fails_before_replaying(tmp_path):
     assert proc.returncode == 2
     assert "cannot open for writing" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_gpu_backend_without_a_gpu_says_so(tmp_path):
+    proc = run("replay", TRACES / "resnet50_amp.pickle.gz", "--backend", "cuda")
+    if proc.returncode == 0:
+        pytest.skip("this machine has a GPU: the no-GPU message cannot be checked here")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cuarena: error: --backend cuda: "), lines

@@ -124,6 +124,19 @@ class CudaAsync final : public GpuAllocator {
 
 }  // namespace
 
+std::string gpu_unavailable_reason(int device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0)) return "no CUDA device found";
+  if (err == cudaErrorInsufficientDriver)
+    return "no usable NVIDIA driver found (is this a machine with a GPU?)";
+  if (err != cudaSuccess) return std::string("cannot use CUDA: ") + cudaGetErrorString(err);
+  if (device < 0 || device >= count)
+    return "--device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+           " CUDA device(s) found)";
+  return "";
+}
+
 std::unique_ptr<GpuAllocator> make_cuarena_gpu(int device, const Config& config) {
   if (config.upstream != Upstream::kVmm) {
     // Refuse rather than silently measure a different upstream than the one asked for.

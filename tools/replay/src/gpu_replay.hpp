@@ -28,6 +28,9 @@ class GpuAllocator {
   virtual std::map<std::string, std::int64_t> counters() { return {}; }
 };
 
+/// Why GPU replay cannot run here (no driver, no device, bad ordinal); empty when it can.
+std::string gpu_unavailable_reason(int device);
+
 /// cuarena over CudaVmmBackend on `device`, configured by `config`.
 std::unique_ptr<GpuAllocator> make_cuarena_gpu(int device, const Config& config);
 /// cudaMalloc / cudaFree, one call per block.

@@ -1,6 +1,7 @@
 // `cuarena`: the command-line front end (replay traces, convert them).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <unistd.h>
@@ -38,12 +39,13 @@ struct ReplayArgs {
 
 // PyTorch's allocator in a fresh process (it reads PYTORCH_CUDA_ALLOC_CONF once, at load).
 std::optional<Result> replay_torch(const std::string& trace, const std::string& mode,
-                                   const ReplayArgs& a) {
+                                   const ReplayArgs& a, bool asked_for) {
   const std::string exe = executable_dir() + "/cuarena_torch_replay";
   if (!std::filesystem::exists(exe)) {
-    std::cerr << "cuarena replay: " << mode
-              << " skipped: this build has no PyTorch replayer (configure with "
-                 "-DCUARENA_WITH_TORCH=ON where torch is installed)\n";
+    const std::string why = mode + ": this build has no PyTorch replayer (configure with "
+                                   "-DCUARENA_WITH_TORCH=ON where torch is installed)";
+    if (asked_for) throw std::runtime_error(why);
+    std::cerr << "cuarena replay: skipped " << why << '\n';
     return std::nullopt;
   }
   const std::string conf = mode == "torch-expandable" ? "expandable_segments:True"
@@ -73,8 +75,8 @@ std::optional<Result> replay_torch(const std::string& trace, const std::string& 
 
 std::optional<Result> replay_one_gpu(const std::string& path, const std::vector<Event>& events,
                                      const std::string& allocator, const ReplayArgs& a,
-                                     const Config& config) {
-  if (allocator.rfind("torch-", 0) == 0) return replay_torch(path, allocator, a);
+                                     const Config& config, bool asked_for) {
+  if (allocator.rfind("torch-", 0) == 0) return replay_torch(path, allocator, a, asked_for);
 #ifdef CUARENA_HAVE_CUDA
   GpuReplayOptions options;
   options.verify = a.verify;
@@ -107,6 +109,7 @@ int run_replay(ReplayArgs a) {
   }
   const bool gpu = std::find(a.backends.begin(), a.backends.end(), "cuda") != a.backends.end();
   const bool on_sim = std::find(a.backends.begin(), a.backends.end(), "sim") != a.backends.end();
+  const bool explicit_allocators = !a.allocators.empty();
   if (a.allocators.empty()) {
     a.allocators = {"recorded", "cuarena"};
     if (gpu) {
@@ -117,6 +120,17 @@ int run_replay(ReplayArgs a) {
   for (const auto& name : a.allocators) {
     if (name != "recorded" && name != "cuarena" && !gpu)
       throw ConfigError("--allocator " + name + " needs --backend cuda");
+  }
+  if (a.verify && !gpu) throw ConfigError("--verify needs --backend cuda (it tags real memory)");
+  if (a.min_capacity && !on_sim)
+    throw ConfigError("--min-capacity searches on the simulator: add --backend sim");
+  if (gpu) {
+#ifdef CUARENA_HAVE_CUDA
+    const std::string why = gpu_unavailable_reason(a.device);
+    if (!why.empty()) throw ConfigError("--backend cuda: " + why);
+#else
+    throw ConfigError("--backend cuda: this build has no CUDA support (no CUDA toolkit at configure time)");
+#endif
   }
   if (!a.json.empty()) {
     // Fail now, not after a long replay, if the JSON cannot be written.
@@ -139,7 +153,15 @@ int run_replay(ReplayArgs a) {
       for (const std::string& allocator : a.allocators) {
         std::vector<std::optional<Result>> rows;
         if (allocator == "recorded") {
-          rows.push_back(replay_recorded(ev));
+          if (std::none_of(ev.begin(), ev.end(), [](const Event& e) {
+                return e.action == Action::kSegmentAlloc || e.action == Action::kSegmentMap;
+              })) {
+            std::cerr << "cuarena replay: " << name
+                      << ": no 'recorded' row: the trace has no segment events (RMM logs and "
+                         "cuarena recordings do not hold the upstream's reservations)\n";
+          } else {
+            rows.push_back(replay_recorded(ev));
+          }
         } else {
           if (allocator == "cuarena" && on_sim) {
             Result r = replay_cuarena(ev, sim);
@@ -148,7 +170,7 @@ int run_replay(ReplayArgs a) {
           }
           if (gpu) {
             try {
-              rows.push_back(replay_one_gpu(path, ev, allocator, a, sim.config));
+              rows.push_back(replay_one_gpu(path, ev, allocator, a, sim.config, explicit_allocators));
             } catch (const std::runtime_error& e) {  // report, go on with the other allocators
               std::cerr << "cuarena: error: " << e.what() << '\n';
               failures = true;
