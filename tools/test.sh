@@ -5,11 +5,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
 tools/install-deps.sh
 cmake --preset default
 cmake --build --preset default
-ctest --preset default
+ctest --preset default | tee -a "$log"
 
 cmake --preset asan
 cmake --build --preset asan
-ctest --preset asan
+ctest --preset asan | tee -a "$log"
+
+# One closing line over both runs. ctest counts skipped tests (the GPU tests, without a GPU)
+# among the passed; they are listed as "(Skipped)" and reported apart here.
+awk '/tests passed, [0-9]+ tests failed out of/ {failed += $4; total += $NF}
+     /\(Skipped\)$/ {skipped++}
+     END {printf "%d passed, %d failed, %d skipped\n", total - failed - skipped, failed, skipped}' "$log"

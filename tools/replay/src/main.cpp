@@ -1,12 +1,13 @@
 // `cuarena`: the command-line front end (replay traces, convert them).
-#include <CLI/CLI.hpp>
-#include <cstdio>
-#include <algorithm>
-#include <filesystem>
-#include <optional>
 #include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 
 #include "cuarena/config.hpp"
@@ -21,6 +22,9 @@ using namespace cuarena;
 using namespace cuarena::replay;
 
 namespace {
+
+constexpr const char* kNoCudaSupport =
+    "--backend cuda: this build has no CUDA support (no CUDA toolkit at configure time)";
 
 const std::vector<std::string> kGpuAllocators = {"cuarena",      "torch-native", "torch-expandable",
                                                  "torch-async",  "cuda-malloc",  "cuda-async"};
@@ -87,7 +91,7 @@ std::optional<Result> replay_one_gpu(const std::string& path, const std::vector<
   return replay_gpu(events, *impl, options);
 #else
   (void)path, (void)events, (void)config;
-  throw ConfigError("--backend cuda: this build has no CUDA support (no CUDA toolkit at configure time)");
+  throw ConfigError(kNoCudaSupport);
 #endif
 }
 
@@ -129,7 +133,7 @@ int run_replay(ReplayArgs a) {
     const std::string why = gpu_unavailable_reason(a.device);
     if (!why.empty()) throw ConfigError("--backend cuda: " + why);
 #else
-    throw ConfigError("--backend cuda: this build has no CUDA support (no CUDA toolkit at configure time)");
+    throw ConfigError(kNoCudaSupport);
 #endif
   }
   if (!a.json.empty()) {
