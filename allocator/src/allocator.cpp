@@ -83,7 +83,7 @@ class Allocator::Impl {
       if (bytes <= SIZE_MAX - kMinBlockSize) {
         rec.size = round_up(bytes, kMinBlockSize);
         rec.block = pool_.try_allocate(rec.size, stream);
-        if (rec.block == nullptr) {
+        if (rec.block == nullptr && rec.size <= ctx_.limit) {  // else no wait can help
           reclaim();
           rec.block = pool_.try_allocate(rec.size, stream);
         }

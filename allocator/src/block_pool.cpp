@@ -68,10 +68,12 @@ void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
     return;
   }
   StreamPool& sp = stream_pool(b->stream);
-  if (!b->retired) {
-    ++free_blocks_;
-    sp.free.insert(b);
+  if (b->retired) {
+    sp.retired.push_back(b);  // newest free_seq: keeps the list sorted
+    return;
   }
+  ++free_blocks_;
+  sp.free.insert(b);
   sp.fifo.insert_before(fifo_pos, b);
 }
 
@@ -83,10 +85,12 @@ void BlockPool::remove_free(Block* b) {
     return;
   }
   StreamPool& sp = stream_pool(b->stream);
-  if (!b->retired) {
-    --free_blocks_;
-    sp.free.erase(b);
+  if (b->retired) {
+    sp.retired.erase(b);
+    return;
   }
+  --free_blocks_;
+  sp.free.erase(b);
   sp.fifo.erase(b);
 }
 
@@ -193,10 +197,16 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   }
   const std::size_t need = holes.size();
   if (need == 0) return true;
+  // A hole granule that sticks out of b is shared with a free neighbour that other streams may
+  // use at once, so it must not receive an alias of this stream's not-yet-finished memory.
+  auto inside = [&](std::size_t g) {
+    return a.granule_addr(g) >= b->addr && a.granule_addr(g + 1) <= b->addr + size;
+  };
+  const auto inner = std::size_t(std::count_if(holes.begin(), holes.end(), inside));
 
   const std::size_t gran = ctx_.granule;
   auto creates = [&](std::size_t have) { return (need - std::min(need, have)) * gran; };
-  std::size_t reclaimed_idle = 0, aliased = 0;
+  std::size_t reclaimed_idle = 0;
   std::vector<PhysRef> aliases;
   // Growing is allowed below the soft limit and below cache_slack over the peak of allocated
   // bytes; past both, cached granules are reused first.
@@ -212,31 +222,41 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
     steal(need);
     reclaimed_idle = phys_.idle_granules() - std::min(before, phys_.idle_granules());
     const std::size_t idle = phys_.idle_granules();
-    if (ctx_.config.stream_alias && idle < need && ctx_.reserved() + creates(idle) > soft) {
+    if (ctx_.config.stream_alias && idle < need && inner > 0 &&
+        ctx_.reserved() + creates(idle) > soft) {
       StreamPool& sp = stream_pool(stream);
-      const std::size_t want = need - idle;
+      const std::size_t want = std::min(need - idle, inner);
       // Aliasing cannot be undone until the sweep: only start if it lets the request fit.
-      if (ctx_.reserved() + creates(idle + aliasable(sp, want)) <= ctx_.limit)
-        aliased = alias(sp, want, aliases);
+      if (ctx_.reserved() + creates(idle + aliasable(sp, want)) <= ctx_.limit) alias(sp, want, aliases);
     }
   }
   const std::size_t have = std::min(need, phys_.idle_granules() + aliases.size());
   const std::size_t fresh = need - have;
   if (ctx_.reserved() + fresh * gran > ctx_.limit) return false;
 
-  std::vector<PhysRef> supply = aliases;
-  while (supply.size() < need && phys_.idle_granules() > 0) supply.push_back(phys_.take_idle());
+  std::vector<PhysRef> taken;  // idle granules, given back if the device refuses
+  while (aliases.size() + taken.size() < need && phys_.idle_granules() > 0)
+    taken.push_back(phys_.take_idle());
+  PhysRef chunk;
   if (fresh > 0) {
-    const PhysRef chunk = phys_.create(fresh);
+    chunk = phys_.create(fresh);
     if (!chunk.valid()) {
-      for (std::size_t i = aliases.size(); i < supply.size(); ++i) phys_.put_idle(supply[i]);
+      for (const PhysRef& p : taken) phys_.put_idle(p);
       return false;  // the device refused; aliased granules return after their sweep
     }
-    for (std::uint32_t i = 0; i < fresh; ++i) supply.push_back({chunk.chunk, i});
+  }
+  // Aliases go only to holes wholly inside b; idle and fresh granules fill the rest.
+  std::vector<PhysRef> supply(need);
+  std::size_t next_alias = 0, next_taken = 0;
+  std::uint32_t next_fresh = 0;
+  for (std::size_t i = 0; i < need; ++i) {
+    if (next_alias < aliases.size() && inside(holes[i])) supply[i] = aliases[next_alias++];
+    else if (next_taken < taken.size()) supply[i] = taken[next_taken++];
+    else supply[i] = {chunk.chunk, next_fresh++};
   }
   map_granules(a, holes, supply);
-  ctx_.stats.granules_aliased += std::int64_t(aliased);
-  if (reclaimed_idle + aliased > 0 || have > aliases.size()) ++ctx_.stats.stitched_ranges;
+  ctx_.stats.granules_aliased += std::int64_t(aliases.size());
+  if (reclaimed_idle + aliases.size() > 0 || have > aliases.size()) ++ctx_.stats.stitched_ranges;
   return true;
 }
 
@@ -312,7 +332,6 @@ std::size_t BlockPool::unmap_interior(Block* b, std::size_t max_granules) {
 std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
   std::size_t n = 0;
   for (const Block* f = sp.fifo.front(); f != nullptr && n < max; f = Fifo::next(f)) {
-    if (f->retired) continue;
     std::size_t first = 0, last = 0;
     f->arena->interior(f->addr, f->size, first, last);
     n += last - first;
@@ -324,10 +343,6 @@ std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysR
   std::size_t got = 0;
   for (Block* f = sp.fifo.front(); f != nullptr && got < want;) {
     Block* next = Fifo::next(f);
-    if (f->retired) {
-      f = next;
-      continue;
-    }
     Arena& a = *f->arena;
     std::size_t first = 0, last = 0;
     a.interior(f->addr, f->size, first, last);
@@ -346,7 +361,7 @@ std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysR
       if (a.granule_addr(last) < mid->end()) insert_free(split_off(mid, a.granule_addr(last)), next);
       mid->retired = true;
       mid->free_seq = ++sp.seq;
-      insert_free(mid);  // back of the FIFO: waits for a sweep recorded from now on
+      insert_free(mid);  // back of the retired list: waits for a sweep recorded from now on
     }
     f = next;
   }
@@ -354,7 +369,7 @@ std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysR
 }
 
 void BlockPool::start_sweep(StreamId stream, StreamPool& sp) {
-  if (sp.fifo.empty()) return;
+  if (sp.fifo.empty() && sp.retired.empty()) return;
   if (!sp.sweeps.empty() && sp.sweeps.back().second == sp.seq) return;  // nothing new to cover
   if (sp.sweeps.size() >= kMaxSweepsPerStream) {
     // Full: the newest sweep is superseded by one that also covers the latest frees (the
@@ -375,6 +390,8 @@ void BlockPool::poll_stream(StreamPool& sp) {
     ctx_.backend.release_event(event);
     --sweeps_pending_;
     while (!sp.fifo.empty() && sp.fifo.front()->free_seq <= covered) make_shared(sp.fifo.front());
+    while (!sp.retired.empty() && sp.retired.front()->free_seq <= covered)
+      make_shared(sp.retired.front());
   }
 }
 
@@ -528,11 +545,14 @@ void BlockPool::check_invariants() const {
   std::size_t indexed = shared_free_.size();
   for (const auto& [stream, sp] : streams_) {
     indexed += sp.free.size();
-    std::uint64_t last_seq = 0;
-    for (const Block* b = sp.fifo.front(); b != nullptr; b = Fifo::next(b)) {
-      if (b->free_seq < last_seq) broken("stream FIFO not in free order");
-      if (b->stream != stream) broken("block in another stream's FIFO");
-      last_seq = b->free_seq;
+    for (const auto* list : {&sp.fifo, &sp.retired}) {
+      std::uint64_t last_seq = 0;
+      for (const Block* b = list->front(); b != nullptr; b = Fifo::next(b)) {
+        if (b->free_seq < last_seq) broken("stream FIFO not in free order");
+        if (b->stream != stream) broken("block in another stream's FIFO");
+        if (b->retired != (list == &sp.retired)) broken("block in the wrong stream list");
+        last_seq = b->free_seq;
+      }
     }
   }
   if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");

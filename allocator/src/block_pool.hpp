@@ -11,7 +11,7 @@
 //   * retired: granule-aligned part of an owned block whose physical granules were re-mapped
 //     (aliased) under another request of the same stream. Its old mapping stays until a sweep
 //     event on S shows S's earlier work is done; then it is unmapped and becomes shared. In S's
-//     FIFO only.
+//     retired list only.
 // Adjacent free blocks coalesce at once when in the same state (both shared, or both owned by one
 // stream); never across arenas; the lower-address block object survives a merge.
 //
@@ -52,7 +52,7 @@ struct Block {
   bool shared = false;    ///< free and usable by every stream
   bool used = false;      ///< has ever been allocated (for cross-stream reuse counting)
   std::uint64_t free_seq = 0;  ///< owner stream's free sequence number at free/retire time
-  Link<Block> fifo;            ///< owner's FIFO (owned free and retired blocks)
+  Link<Block> fifo;            ///< owner's FIFO (owned free) or retired list
   Link<Block> lru;             ///< warm_ (shared free blocks that may hold mapped granules)
   DevicePtr end() const { return addr + size; }
   bool is_free() const { return !allocated && !retired; }
@@ -114,7 +114,8 @@ class BlockPool {
  private:
   struct StreamPool {
     SizeIndex free;
-    IntrusiveList<Block, &Block::fifo> fifo;  // owned free + retired, sorted by free_seq
+    IntrusiveList<Block, &Block::fifo> fifo;     // owned free blocks, sorted by free_seq
+    IntrusiveList<Block, &Block::fifo> retired;  // retired blocks, sorted by free_seq
     std::uint64_t seq = 0;
     /// Sweep events in flight, oldest first: (event, last free_seq it covers).
     std::deque<std::pair<EventId, std::uint64_t>> sweeps;
@@ -124,8 +125,9 @@ class BlockPool {
   StreamPool& stream_pool(StreamId stream) { return streams_[stream]; }
   Block* new_arena(std::size_t min_size);
 
-  /// Indexes a detached block by its state. Owned/retired blocks go before `fifo_pos` in their
-  /// stream's FIFO (at the back when null); shared ones join warm_ when `warm`.
+  /// Indexes a detached block by its state. Owned blocks go before `fifo_pos` in their stream's
+  /// FIFO (at the back when null), retired ones at the back of its retired list; shared ones
+  /// join warm_ when `warm`.
   void insert_free(Block* b, Block* fifo_pos = nullptr, bool warm = true);
   void remove_free(Block* b);
   static bool mergeable(const Block* a, const Block* b);

@@ -177,8 +177,11 @@ Config Config::parse(std::string_view text) {
                         std::to_string(e.position) + "; valid keys: " + valid_keys());
     }
   }
-  if (c.small_limit < 512) {
-    throw ConfigError("cuarena config: small_limit must be at least 512 bytes");
+  if (c.small_limit < 512 || c.small_limit > (std::size_t{256} << 20)) {
+    throw ConfigError("cuarena config: small_limit must be between 512 bytes and 256 MiB");
+  }
+  if (c.slab_size > (std::size_t{1} << 30)) {
+    throw ConfigError("cuarena config: slab_size must be at most 1 GiB");
   }
   return c;
 }

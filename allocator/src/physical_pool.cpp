@@ -41,6 +41,12 @@ PhysRef PhysicalPool::create(std::size_t granules) {
   return {id, 0};
 }
 
+void PhysicalPool::mapped(PhysRef p) {
+  std::uint32_t& n = chunks_.at(p.chunk).maps[p.offset];
+  if (n == UINT32_MAX) throw std::logic_error("cuarena: physical granule mapped 2^32 times");
+  ++n;
+}
+
 void PhysicalPool::unmapped(PhysRef p) {
   Chunk& c = chunks_.at(p.chunk);
   if (--c.maps[p.offset] == 0) {

@@ -37,9 +37,9 @@ class PhysicalPool {
 
   /// Bookkeeping for one virtual mapping of `p` made or removed. An unmapped granule with no
   /// other mapping becomes idle.
-  void mapped(PhysRef p) { ++chunks_.at(p.chunk).maps[p.offset]; }
+  void mapped(PhysRef p);
   void unmapped(PhysRef p);
-  std::uint16_t maps(PhysRef p) const { return chunks_.at(p.chunk).maps[p.offset]; }
+  std::uint32_t maps(PhysRef p) const { return chunks_.at(p.chunk).maps[p.offset]; }
   PhysHandle handle(std::uint32_t chunk) const { return chunks_.at(chunk).handle; }
 
   /// Releases every chunk whose granules are all idle. Returns bytes released.
@@ -51,7 +51,7 @@ class PhysicalPool {
  private:
   struct Chunk {
     PhysHandle handle = 0;
-    std::vector<std::uint16_t> maps;  // per granule
+    std::vector<std::uint32_t> maps;  // per granule
     std::size_t idle = 0;
   };
   Context& ctx_;

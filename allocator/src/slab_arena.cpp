@@ -23,14 +23,15 @@ std::vector<SlabArena::ClassState>& SlabArena::stream_classes(StreamId stream) {
 
 Slab* SlabArena::new_slab(std::size_t cls, StreamId stream) {
   const std::size_t slot = classes_.size(cls);
-  const std::size_t slots = std::max<std::size_t>(1, ctx_.config.slab_size / slot);
+  const std::size_t slots =
+      std::min(Slab::kMaxSlots, std::max<std::size_t>(1, ctx_.config.slab_size / slot));
   Block* block = pool_.try_allocate(slots * slot, stream);
   if (block == nullptr) return nullptr;
   auto* s = new Slab;
   s->block = block;
   s->stream = stream;
   s->cls = std::uint32_t(cls);
-  s->slot_size = std::uint32_t(slot);
+  s->slot_size = slot;
   s->slots = std::uint32_t(slots);
   all_.push_back(s);
   slab_bytes_ += block->size;

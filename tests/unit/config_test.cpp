@@ -72,6 +72,12 @@ TEST(Config, MalformedValuesNameTheKey) {
   }
 }
 
+TEST(Config, SizesOutOfRangeAreRefused) {
+  EXPECT_THROW(Config::parse("small_limit:4GiB,slab_size:4GiB"), ConfigError);
+  EXPECT_THROW(Config::parse("slab_size:2GiB"), ConfigError);
+  EXPECT_NO_THROW(Config::parse("small_limit:256MiB,slab_size:256MiB"));
+}
+
 TEST(Config, SyntaxErrors) {
   EXPECT_NE(error_of("small_limit").find("expected key:value"), std::string::npos);
   EXPECT_NE(error_of("small_limit:[1,2").find("unbalanced"), std::string::npos);

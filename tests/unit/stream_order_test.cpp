@@ -2,12 +2,61 @@
 // event recorded on S after the free has completed.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+
 #include "test_support.hpp"
 
 using namespace cuarena;
 using namespace cuarena::test;
 
 namespace {
+
+// Forwards to a SimBackend and remembers which physical granule backs each virtual granule, so a
+// test can ask which physical memory two blocks share.
+class TrackingBackend final : public DeviceBackend {
+ public:
+  explicit TrackingBackend(SimBackend& sim) : sim_(sim) {}
+  std::size_t granularity() const override { return sim_.granularity(); }
+  std::size_t capacity() const override { return sim_.capacity(); }
+  DevicePtr reserve_address(std::size_t b) override { return sim_.reserve_address(b); }
+  void release_address(DevicePtr va, std::size_t b) override { sim_.release_address(va, b); }
+  PhysHandle create_physical(std::size_t b) override { return sim_.create_physical(b); }
+  void release_physical(PhysHandle c) override { sim_.release_physical(c); }
+  void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) override {
+    sim_.map(va, bytes, chunk, offset);
+    for (std::size_t i = 0; i < bytes; i += granularity()) phys_[va + i] = {chunk, offset + i};
+  }
+  void unmap(DevicePtr va, std::size_t bytes) override {
+    sim_.unmap(va, bytes);
+    for (std::size_t i = 0; i < bytes; i += granularity()) phys_.erase(va + i);
+  }
+  EventId record_event(StreamId s) override { return sim_.record_event(s); }
+  bool event_completed(EventId e) override { return sim_.event_completed(e); }
+  void wait_event(EventId e) override { sim_.wait_event(e); }
+  void release_event(EventId e) override { sim_.release_event(e); }
+
+  /// Physical granules (chunk, byte offset) behind [p, p+bytes).
+  std::set<std::pair<PhysHandle, std::size_t>> physical(void* p, std::size_t bytes) const {
+    std::set<std::pair<PhysHandle, std::size_t>> out;
+    const std::size_t g = granularity();
+    const DevicePtr lo = addr(p) / g * g;
+    for (DevicePtr va = lo; va < addr(p) + bytes; va += g) out.insert(phys_.at(va));
+    return out;
+  }
+
+ private:
+  SimBackend& sim_;
+  std::map<DevicePtr, std::pair<PhysHandle, std::size_t>> phys_;
+};
+
+bool share(const std::set<std::pair<PhysHandle, std::size_t>>& a,
+           const std::set<std::pair<PhysHandle, std::size_t>>& b) {
+  for (const auto& x : a) {
+    if (b.count(x)) return true;
+  }
+  return false;
+}
 
 constexpr std::uint64_t kSlow = 1000;  // event latency in ticks: the device lags far behind
 
@@ -79,6 +128,27 @@ TEST(StreamOrder, SameStreamReusesPhysicalMemoryAtOnceByAliasing) {
   a.deallocate(r);
   a.deallocate(q);
   a.check_invariants();
+}
+
+// Regression: an alias of stream 1's freed memory once landed in a granule that stuck out of
+// the new block into a shared free neighbour, which stream 2 then got at once.
+TEST(StreamOrder, AliasesNeverReachAnotherStreamEarly) {
+  SimBackend sim(sim_options(1 * GiB, kSlow));
+  TrackingBackend tracking(sim);
+  Allocator a(tracking);
+  void* a1 = a.allocate(2 * MiB, 1);
+  void* pin = a.allocate(2 * MiB, 1);
+  void* a2 = a.allocate(2 * MiB, 1);
+  auto freed = tracking.physical(a1, 2 * MiB);
+  for (const auto& x : tracking.physical(a2, 2 * MiB)) freed.insert(x);
+  a.deallocate(a1);
+  a.deallocate(a2);
+  void* b = a.allocate(3 * MiB, 1);         // fits no owned block: aliases stream 1's granules
+  void* c = a.allocate(3 * MiB / 2, 2);     // another stream, before any event completed
+  EXPECT_FALSE(share(tracking.physical(c, 3 * MiB / 2), freed))
+      << "stream 2 got memory stream 1 freed before stream 1's event completed";
+  a.check_invariants();
+  for (void* p : {pin, b, c}) a.deallocate(p);
 }
 
 TEST(StreamOrder, WithoutAliasingTheStreamWaitsForItsEvent) {

@@ -88,7 +88,10 @@ class Allocator {
   };
   Fragmentation fragmentation() const;
 
-  /// Where the reserved (physical) memory is, in bytes. The parts sum to reserved_bytes.
+  /// Where the reserved (physical) memory is, in bytes. in_use + owned_cached + shared_cached +
+  /// idle make up reserved_bytes (less any granule mapped only at a retired address); `retired`
+  /// counts old addresses of granules that in_use already counts, and slab_free is part of
+  /// in_use.
   struct MemoryBreakdown {
     std::size_t in_use = 0;         ///< granules under allocated blocks and slabs
     std::size_t slab_free = 0;      ///< of in_use: free slots inside slabs
