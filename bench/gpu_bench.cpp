@@ -64,6 +64,7 @@
 #include "cub_adapter.hpp"
 #include "cuarena/config.hpp"
 #include "gpu_replay.hpp"
+#include "trace_ops.hpp"
 #include "replay.hpp"
 #include "trace.hpp"
 #ifdef CUARENA_BENCH_TORCH
@@ -301,19 +302,10 @@ void BM_AllocFree(benchmark::State& state, const AllocatorKind* kind) {
 // handled as replay_gpu handles them: a free of an address never allocated is dropped; an alloc
 // at an address still live first frees the old block (the trace lost its free).
 
-struct Op {
-  bool alloc;            // true: allocate into `slot`; false: free `slot`
-  std::uint32_t slot;    // index into the live-pointer table
-  std::uint32_t stream;  // the block's allocation stream (dense index)
-  std::uint64_t size;    // the block's requested bytes
-};
-
 struct TraceOps {
   std::string error;  // non-empty: unusable, says why
   std::string name;
-  std::vector<Op> ops;
-  std::size_t slots = 0;
-  std::size_t streams = 0;
+  cuarena::bench::TraceOps compiled;
   std::uint64_t peak_requested = 0;
 };
 
@@ -336,52 +328,8 @@ TraceOps compile_trace(const std::string& name) {
     return out;
   }
   out.peak_requested = replay::peak_requested(events);
-
-  struct Live {
-    std::uint32_t slot, stream;
-    std::uint64_t size;
-  };
-  std::unordered_map<std::uint64_t, Live> live;  // trace address -> block
-  std::unordered_map<std::uint64_t, std::uint32_t> stream_index;
-  std::vector<std::uint32_t> free_slots;
-  auto take_slot = [&]() -> std::uint32_t {
-    if (!free_slots.empty()) {
-      const std::uint32_t s = free_slots.back();
-      free_slots.pop_back();
-      return s;
-    }
-    return static_cast<std::uint32_t>(out.slots++);
-  };
-  auto emit_free = [&](const Live& b) {
-    out.ops.push_back({false, b.slot, b.stream, b.size});
-    free_slots.push_back(b.slot);
-  };
-  for (const replay::Event& e : events) {
-    if (e.action == replay::Action::kAlloc) {
-      if (auto old = live.find(e.addr); old != live.end()) {
-        emit_free(old->second);
-        live.erase(old);
-      }
-      const auto [it, inserted] =
-          stream_index.try_emplace(e.stream, static_cast<std::uint32_t>(stream_index.size()));
-      const Live b{take_slot(), it->second, e.size};
-      live.emplace(e.addr, b);
-      out.ops.push_back({true, b.slot, b.stream, b.size});
-    } else if (e.action == replay::Action::kFreeCompleted) {
-      if (auto it = live.find(e.addr); it != live.end()) {
-        emit_free(it->second);
-        live.erase(it);
-      }
-    }
-  }
-  // Free what the trace left live, so every pass starts from the same (cached) state.
-  std::vector<Live> leftovers;
-  for (const auto& [addr, b] : live) leftovers.push_back(b);
-  std::sort(leftovers.begin(), leftovers.end(),
-            [](const Live& a, const Live& b) { return a.slot < b.slot; });
-  for (const Live& b : leftovers) emit_free(b);
-  out.streams = stream_index.size();
-  if (out.ops.empty()) out.error = name + ": no alloc/free_completed events";
+  out.compiled = cuarena::bench::compile_trace_ops(events);
+  if (out.compiled.ops.empty()) out.error = name + ": no alloc/free_completed events";
   return out;
 }
 
@@ -394,19 +342,19 @@ void BM_MixedTrace(benchmark::State& state, const AllocatorKind* kind) {
   }
   state.SetLabel(kind->label + " " + trace.name);
   try {
-    Session session(*kind, trace.streams);
+    Session session(*kind, trace.compiled.stream_handles.size());
     GpuAllocator& alloc = *session.alloc;
     // The live block in each slot and the operation that allocated it (its size and stream).
     struct Slot {
       void* ptr = nullptr;
-      const Op* op = nullptr;
+      const cuarena::bench::TraceOp* op = nullptr;
     };
-    std::vector<Slot> slots(trace.slots);
+    std::vector<Slot> slots(trace.compiled.slots);
     std::size_t peak_reserved = 0;
 
     // One pass; false (after freeing what it holds) when an allocation returned null.
     auto pass = [&](bool track_reserved) {
-      for (const Op& op : trace.ops) {
+      for (const cuarena::bench::TraceOp& op : trace.compiled.ops) {
         void* const stream = session.streams[op.stream];
         if (op.alloc) {
           void* p = alloc.allocate(op.size, stream);
@@ -445,9 +393,9 @@ void BM_MixedTrace(benchmark::State& state, const AllocatorKind* kind) {
     if (failed) return;
 
     session.synchronize();
-    state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(trace.ops.size()));
+    state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(trace.compiled.ops.size()));
     add_counter_deltas(state, before, alloc.counters());
-    state.counters["events/pass"] = static_cast<double>(trace.ops.size());
+    state.counters["events/pass"] = static_cast<double>(trace.compiled.ops.size());
     state.counters["peak_reserved_GiB"] = static_cast<double>(peak_reserved) / kGiB;
     state.counters["reserved_ratio"] =
         trace.peak_requested

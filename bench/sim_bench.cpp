@@ -47,6 +47,7 @@
 #include "cuarena/sim_backend.hpp"
 #include "replay.hpp"
 #include "trace.hpp"
+#include "trace_ops.hpp"
 
 #ifndef CUARENA_BENCH_TRACE_DIR
 #error "CUARENA_BENCH_TRACE_DIR must name tests/data/traces (set by bench/CMakeLists.txt)"
@@ -168,18 +169,10 @@ BENCHMARK(BM_AllocFree)
 // handled as replay_cuarena handles them: a free of an address never allocated is dropped; an
 // alloc at an address still live first frees the old block (the trace lost its free).
 
-struct Op {
-  bool alloc;          // true: allocate into `slot`; false: deallocate `slot`
-  std::uint32_t slot;  // index into the live-pointer table
-  std::uint64_t size;  // bytes (alloc only)
-  StreamId stream;     // allocation stream (alloc only)
-};
-
 struct OpStream {
   std::string error;
   std::string label;
-  std::vector<Op> ops;
-  std::size_t slots = 0;  // size of the live-pointer table
+  cuarena::bench::TraceOps trace;
 };
 
 OpStream compile_ops(const std::string& trace_name) {
@@ -192,43 +185,8 @@ OpStream compile_ops(const std::string& trace_name) {
   // The first device's events (the benchmark traces of interest record one device).
   const auto& [device, events] = t.devices.front();
   out.label = trace_name + (t.devices.size() > 1 ? " cuda" + std::to_string(device) : "");
-
-  std::unordered_map<std::uint64_t, std::uint32_t> live;  // trace address -> slot
-  std::vector<std::uint32_t> free_slots;
-  auto take_slot = [&]() -> std::uint32_t {
-    if (!free_slots.empty()) {
-      const std::uint32_t s = free_slots.back();
-      free_slots.pop_back();
-      return s;
-    }
-    return static_cast<std::uint32_t>(out.slots++);
-  };
-  auto emit_free = [&](std::uint32_t slot) {
-    out.ops.push_back({false, slot, 0, 0});
-    free_slots.push_back(slot);
-  };
-  for (const replay::Event& e : events) {
-    if (e.action == replay::Action::kAlloc) {
-      if (auto old = live.find(e.addr); old != live.end()) {  // the trace lost this free
-        emit_free(old->second);
-        live.erase(old);
-      }
-      const std::uint32_t slot = take_slot();
-      live.emplace(e.addr, slot);
-      out.ops.push_back({true, slot, e.size, e.stream});
-    } else if (e.action == replay::Action::kFreeCompleted) {
-      if (auto it = live.find(e.addr); it != live.end()) {
-        emit_free(it->second);
-        live.erase(it);
-      }
-    }
-  }
-  // Free what the trace left live, so every pass starts from the same (cached) state.
-  std::vector<std::uint32_t> leftovers;
-  for (const auto& [addr, slot] : live) leftovers.push_back(slot);
-  std::sort(leftovers.begin(), leftovers.end());  // deterministic order
-  for (std::uint32_t slot : leftovers) emit_free(slot);
-  if (out.ops.empty()) out.error = trace_name + ": no alloc/free_completed events";
+  out.trace = cuarena::bench::compile_trace_ops(events);
+  if (out.trace.ops.empty()) out.error = trace_name + ": no alloc/free_completed events";
   return out;
 }
 
@@ -241,11 +199,11 @@ void BM_MixedSizes(benchmark::State& state) {
   SimBackend sim;
   try {
     Allocator alloc(sim);
-    std::vector<void*> slots(stream.slots, nullptr);
+    std::vector<void*> slots(stream.trace.slots, nullptr);
     auto pass = [&] {
-      for (const Op& op : stream.ops) {
+      for (const cuarena::bench::TraceOp& op : stream.trace.ops) {
         sim.advance(1);
-        if (op.alloc) slots[op.slot] = alloc.allocate(op.size, op.stream);
+        if (op.alloc) slots[op.slot] = alloc.allocate(op.size, stream.trace.stream_handles[op.stream]);
         else alloc.deallocate(slots[op.slot]);
       }
     };
@@ -253,7 +211,7 @@ void BM_MixedSizes(benchmark::State& state) {
 
     for (auto _ : state) pass();
 
-    state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(stream.ops.size()));
+    state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(stream.trace.ops.size()));
     state.SetLabel(stream.label);
     check_clean(state, alloc);
   } catch (const std::exception& e) {
