@@ -150,6 +150,11 @@ class Allocator::Impl {
       rec.uses.push_back(stream);
   }
 
+  bool owns(const void* p) const {
+    std::lock_guard lock(mu_);
+    return pool_.owns(reinterpret_cast<DevicePtr>(p));
+  }
+
   std::size_t release_cached() {
     std::lock_guard lock(mu_);
     process_pending(true);
@@ -349,6 +354,7 @@ void* Allocator::allocate(std::size_t bytes, StreamId stream) {
 }
 void Allocator::deallocate(void* ptr) { impl_->deallocate(ptr); }
 void Allocator::record_stream(void* ptr, StreamId stream) { impl_->record_stream(ptr, stream); }
+bool Allocator::owns(const void* ptr) const { return impl_->owns(ptr); }
 std::size_t Allocator::release_cached() { return impl_->release_cached(); }
 void Allocator::process_events() { impl_->process_events(); }
 Stats Allocator::stats() const { return impl_->stats(); }

@@ -97,6 +97,13 @@ class BlockPool {
 
   std::size_t free_block_count() const { return free_blocks_; }
   std::size_t arena_count() const { return arenas_.size(); }
+  /// True when `addr` lies in address space this pool reserved. O(arenas).
+  bool owns(DevicePtr addr) const {
+    for (const auto& a : arenas_) {
+      if (addr >= a->base() && addr < a->base() + a->size()) return true;
+    }
+    return false;
+  }
 
   /// Free bytes inside mapped granules, and the largest contiguous run of them.
   void free_mapped_extents(std::size_t& total, std::size_t& largest) const;

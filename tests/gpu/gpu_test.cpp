@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuarena/allocator.hpp"
+#include "cuarena/cuda_allocators.hpp"
 #include "cuarena/cuda_vmm_backend.hpp"
 #include "cuarena/sim_backend.hpp"
 #include "gpu_replay.hpp"
@@ -202,6 +203,47 @@ TEST(CudaAllocator, MultiThreadMultiStreamStress) {
   EXPECT_EQ(a.stats().allocation[0].current, 0);
   for (auto& s : streams) ok(cudaStreamDestroy(s));
   ok(cudaFree(error));
+}
+
+int device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+// Multi-GPU: per-device state; a pointer freed while another device is current still returns to
+// its own device's allocator.
+TEST(CudaAllocators, FreesReturnToTheOwningDevice) {
+  REQUIRE_GPU();
+  if (device_count() < 2) GTEST_SKIP() << "one GPU here: needs two (device kind nvidia-h200-x2)";
+  CudaAllocators all;
+  ok(cudaSetDevice(0));
+  void* p0 = all.allocate(64 << 20, 0, 0);
+  ok(cudaSetDevice(1));
+  cudaStream_t s1;
+  ok(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  void* p1 = all.allocate(64 << 20, 1, reinterpret_cast<StreamId>(s1));
+  EXPECT_EQ(all.device_of(p0), 0);
+  EXPECT_EQ(all.device_of(p1), 1);
+  cudaPointerAttributes attr{};
+  ok(cudaPointerGetAttributes(&attr, p1));
+  EXPECT_EQ(attr.device, 1) << "device 1's block must be device 1's memory";
+  ok(cudaMemset(p1, 7, 64 << 20));
+  all.deallocate(p0);  // device 1 is current
+  EXPECT_EQ(all.allocator(0).stats().allocation[0].current, 0);
+  EXPECT_EQ(all.allocator(1).stats().allocation[0].current, 1);
+  ok(cudaSetDevice(0));
+  all.deallocate(p1);  // device 0 is current
+  EXPECT_EQ(all.allocator(1).stats().allocation[0].current, 0);
+  void* again = all.allocate(64 << 20, 0, 0);
+  EXPECT_EQ(again, p0) << "device 0's freed block is reused on device 0";
+  all.deallocate(again);
+  int on_host = 0;
+  EXPECT_THROW(all.deallocate(&on_host), InvalidPointerError);
+  all.allocator(0).check_invariants();
+  all.allocator(1).check_invariants();
+  ok(cudaSetDevice(1));
+  ok(cudaStreamDestroy(s1));
+  ok(cudaSetDevice(0));
 }
 
 // Every bundled trace replayed with real memory, verified, and compared with the simulator.

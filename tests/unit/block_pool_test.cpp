@@ -176,6 +176,21 @@ TEST(Allocator, StatsFollowPyTorchNames) {
   EXPECT_EQ(a.stats().to_map().at("allocation.all.peak"), 0);
 }
 
+TEST(Allocator, OwnsItsAddressSpaceOnly) {
+  SimBackend sim(sim_options());
+  Allocator a(sim), b(sim);
+  void* p = a.allocate(5 * MiB, 0);
+  void* q = b.allocate(100, 0);
+  int on_host = 0;
+  EXPECT_TRUE(a.owns(p));
+  EXPECT_FALSE(a.owns(q));
+  EXPECT_TRUE(b.owns(q));
+  EXPECT_FALSE(a.owns(&on_host));
+  a.deallocate(p);
+  EXPECT_TRUE(a.owns(p)) << "freed, but still this allocator's address space";
+  b.deallocate(q);
+}
+
 TEST(Allocator, DestructionReleasesEverything) {
   SimBackend sim(sim_options());
   {

@@ -53,6 +53,10 @@ class Allocator {
   /// InvalidPointerError for a pointer not currently allocated here.
   void record_stream(void* ptr, StreamId stream);
 
+  /// True when `ptr` lies in address space this allocator reserved (whether or not it is a
+  /// live allocation): routes a free to the right device's allocator. O(arenas).
+  bool owns(const void* ptr) const;
+
   /// Releases every cached granule whose guarding events have completed (PyTorch's
   /// empty_cache()), waiting for outstanding events first. Returns the bytes released.
   std::size_t release_cached();

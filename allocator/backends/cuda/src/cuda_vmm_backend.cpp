@@ -182,12 +182,14 @@ void CudaVmmBackend::unmap(DevicePtr va, std::size_t bytes) {
 
 EventId CudaVmmBackend::record_event(StreamId stream) {
   Impl& m = *impl_;
+  // Stream 0 means the current device's default stream: make it this backend's device (a free
+  // may come while another device is current).
+  DeviceGuard guard(m.device);
   EventId id;
   if (!m.free_events.empty()) {
     id = m.free_events.back();
     m.free_events.pop_back();
   } else {
-    DeviceGuard guard(m.device);
     cudaEvent_t e = nullptr;
     check_rt(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     m.events.push_back(e);

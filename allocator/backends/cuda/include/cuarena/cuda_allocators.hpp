@@ -1,0 +1,52 @@
+// CudaAllocators: one cuarena Allocator per CUDA device, created on first use, each over its own
+// CudaVmmBackend. A pointer is always returned to the device that allocated it, whichever
+// device is current when it is freed.
+//
+// Thread semantics: every member is safe to call concurrently. Errors: as Allocator;
+// InvalidPointerError for a pointer no device's allocator owns; BackendError for a device that
+// does not exist or lacks VMM support.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <mutex>
+
+#include "cuarena/allocator.hpp"
+#include "cuarena/cuda_vmm_backend.hpp"
+
+namespace cuarena {
+
+class CudaAllocators {
+ public:
+  static constexpr int kMaxDevices = 64;
+
+  explicit CudaAllocators(Config config = Config::from_env()) : config_(std::move(config)) {}
+
+  /// `bytes` on CUDA device `device`, stream-ordered on `stream` (a cudaStream_t of that device).
+  void* allocate(std::size_t bytes, int device, StreamId stream) {
+    return allocator(device).allocate(bytes, stream);
+  }
+  /// Frees on the owning device's allocator, whatever the current device.
+  void deallocate(void* ptr) {
+    if (ptr != nullptr) owner(ptr).deallocate(ptr);
+  }
+  void record_stream(void* ptr, StreamId stream) { owner(ptr).record_stream(ptr, stream); }
+
+  /// The allocator of `device`, created on first use. Throws BackendError for a bad ordinal.
+  Allocator& allocator(int device);
+  /// The device whose allocator owns `ptr`, or -1.
+  int device_of(const void* ptr) const;
+
+ private:
+  struct PerDevice {
+    std::unique_ptr<CudaVmmBackend> backend;
+    std::unique_ptr<Allocator> allocator;
+  };
+  Allocator& owner(const void* ptr);
+
+  Config config_;
+  mutable std::mutex mu_;  // guards creation; each Allocator locks itself
+  std::array<PerDevice, kMaxDevices> devices_;
+};
+
+}  // namespace cuarena
