@@ -96,7 +96,6 @@ class BlockPool {
   std::size_t release_cached();
 
   std::size_t free_block_count() const { return free_blocks_; }
-  std::size_t arena_count() const { return arenas_.size(); }
   /// True when `addr` lies in address space this pool reserved. O(arenas).
   bool owns(DevicePtr addr) const {
     for (const auto& a : arenas_) {

@@ -39,7 +39,6 @@ class PhysicalPool {
   /// other mapping becomes idle.
   void mapped(PhysRef p);
   void unmapped(PhysRef p);
-  std::uint32_t maps(PhysRef p) const { return chunks_.at(p.chunk).maps[p.offset]; }
   PhysHandle handle(std::uint32_t chunk) const { return chunks_.at(chunk).handle; }
 
   /// Releases every chunk whose granules are all idle. Returns bytes released.

@@ -8,16 +8,12 @@
 
 #include "cuarena/allocator.hpp"
 #include "cuarena/cuda_vmm_backend.hpp"
+#include "cuda_check.hpp"
 #include "gpu_replay.hpp"
 
 namespace cuarena::replay {
 
 namespace {
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
 
 class CuarenaGpu final : public GpuAllocator {
  public:
@@ -53,7 +49,7 @@ class CuarenaGpu final : public GpuAllocator {
 
 class CudaMalloc final : public GpuAllocator {
  public:
-  explicit CudaMalloc(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+  explicit CudaMalloc(int device) { check_cuda(cudaSetDevice(device), "cudaSetDevice"); }
   ~CudaMalloc() override {
     for (auto& [p, bytes] : live_) cudaFree(p);
   }
@@ -70,7 +66,7 @@ class CudaMalloc final : public GpuAllocator {
     return p;
   }
   void deallocate(void* ptr, std::size_t, void*) override {
-    check(cudaFree(ptr), "cudaFree");
+    check_cuda(cudaFree(ptr), "cudaFree");
     reserved_ -= live_.at(ptr);
     live_.erase(ptr);
   }
@@ -85,14 +81,14 @@ class CudaMalloc final : public GpuAllocator {
 class CudaAsync final : public GpuAllocator {
  public:
   explicit CudaAsync(int device) {
-    check(cudaSetDevice(device), "cudaSetDevice");
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
-    check(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
+    check_cuda(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
     std::uint64_t threshold = UINT64_MAX;  // keep memory across synchronisations
-    check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
+    check_cuda(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
           "cudaMemPoolSetAttribute(ReleaseThreshold)");
   }
   ~CudaAsync() override {
@@ -109,11 +105,11 @@ class CudaAsync final : public GpuAllocator {
     return p;
   }
   void deallocate(void* ptr, std::size_t, void* stream) override {
-    check(cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream)), "cudaFreeAsync");
+    check_cuda(cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream)), "cudaFreeAsync");
   }
   std::size_t reserved_bytes() override {
     std::uint64_t v = 0;
-    check(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &v),
+    check_cuda(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &v),
           "cudaMemPoolGetAttribute(ReservedMemCurrent)");
     return std::size_t(v);
   }
@@ -144,7 +140,7 @@ std::unique_ptr<GpuAllocator> make_cuarena_gpu(int device, const Config& config)
                       std::string(config.upstream == Upstream::kAsync ? "async" : "malloc") +
                       " is not implemented yet; only upstream:vmm is");
   }
-  check(cudaSetDevice(device), "cudaSetDevice");
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
   return std::make_unique<CuarenaGpu>(device, config);
 }
 std::unique_ptr<GpuAllocator> make_cuda_malloc(int device) {

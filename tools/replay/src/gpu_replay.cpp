@@ -1,3 +1,4 @@
+#include "cuda_check.hpp"
 #include "gpu_replay.hpp"
 
 #include <cuda_runtime_api.h>
@@ -15,11 +16,6 @@ namespace cuarena::replay {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string("GPU replay: ") + what + ": " + cudaGetErrorString(err));
-}
 
 double percentile(std::vector<double>& v, double q) {
   if (v.empty()) return 0;
@@ -39,13 +35,13 @@ struct LiveBlock {
 
 Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
                   const GpuReplayOptions& options) {
-  check(cudaSetDevice(options.device), "cudaSetDevice");
+  check_cuda(cudaSetDevice(options.device), "cudaSetDevice");
   std::unordered_map<std::uint64_t, cudaStream_t> streams;
   auto stream_of = [&](std::uint64_t handle) {
     auto it = streams.find(handle);
     if (it != streams.end()) return it->second;
     cudaStream_t s = nullptr;
-    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
     streams.emplace(handle, s);
     return s;
   };
@@ -54,12 +50,12 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
   }
   std::uint64_t* error_flag = nullptr;
   if (options.verify) {
-    check(cudaMalloc(reinterpret_cast<void**>(&error_flag), sizeof *error_flag), "cudaMalloc(error flag)");
-    check(cudaMemset(error_flag, 0, sizeof *error_flag), "cudaMemset");
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&error_flag), sizeof *error_flag), "cudaMalloc(error flag)");
+    check_cuda(cudaMemset(error_flag, 0, sizeof *error_flag), "cudaMemset");
   }
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   std::size_t free0 = 0, total = 0;
-  check(cudaMemGetInfo(&free0, &total), "cudaMemGetInfo");
+  check_cuda(cudaMemGetInfo(&free0, &total), "cudaMemGetInfo");
 
   Result r;
   r.allocator = allocator.name();
@@ -97,7 +93,7 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
       if (reserved > peak_reserved) {
         peak_reserved = reserved;
         std::size_t free_now = 0;
-        check(cudaMemGetInfo(&free_now, &total), "cudaMemGetInfo");
+        check_cuda(cudaMemGetInfo(&free_now, &total), "cudaMemGetInfo");
         peak_device_used = std::max(peak_device_used, free0 > free_now ? free0 - free_now : 0);
       }
     } else if (e.action == Action::kFreeCompleted) {
@@ -122,11 +118,11 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
     if (options.verify) launch_check(b.ptr, b.size, b.tag, error_flag, b.stream);
     allocator.deallocate(b.ptr, b.size, b.stream);
   }
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (a kernel or an allocator failed)");
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (a kernel or an allocator failed)");
   r.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   if (options.verify) {
     std::uint64_t bad = 0;
-    check(cudaMemcpy(&bad, error_flag, sizeof bad, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check_cuda(cudaMemcpy(&bad, error_flag, sizeof bad, cudaMemcpyDeviceToHost), "cudaMemcpy");
     r.counters["verify_failures"] = bad != 0;
     r.counters["verify_first_bad_tag"] = std::int64_t(bad);
     cudaFree(error_flag);
