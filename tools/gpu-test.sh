@@ -48,7 +48,7 @@ fi
 step gpu_tests build-gpu/bin/gpu_tests --gtest_output=json:"$out/gpu_tests.json"
 grep -h "gpu-replay" "$out/gpu_tests.log" || true
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
-  build-gpu/bin/gpu_tests --gtest_filter='CudaVmmBackend.*:CudaAllocator.BlocksHold*:CudaAllocator.MultiThread*'
+  build-gpu/bin/gpu_tests --gtest_filter='CudaVmmBackend.*:CudaSegmentBackends.*:Upstreams/CudaAllocator.BlocksHold*:Upstreams/CudaAllocator.MultiThread*'
 step core_tests build-gpu/bin/core_tests
 step replay_verify bash -c "build-gpu/bin/cuarena replay tests/data/traces/*.pickle.gz \
   --backend sim,cuda --verify --json $out/gpu_replay.json && \

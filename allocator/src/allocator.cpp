@@ -303,6 +303,8 @@ class Allocator::Impl {
     ++stats_.num_alloc_retries;
     process_pending(true);
     pool_.synchronize();
+    // A segment backend cannot steal: give whole free segments back so a new one may fit.
+    if (pool_.segment_mode()) pool_.release_cached();
   }
 
   OutOfMemoryError out_of_memory(std::size_t bytes, StreamId stream) {

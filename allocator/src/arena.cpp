@@ -5,6 +5,7 @@
 namespace cuarena::detail {
 
 void Arena::set(std::size_t g, PhysRef p) {
+  if (segment_) throw std::logic_error("cuarena: mapping into a segment arena");
   if (g >= phys_.size()) phys_.resize(g + 1);
   if (phys_[g].valid()) throw std::logic_error("cuarena: arena granule mapped twice");
   phys_[g] = p;
@@ -12,6 +13,7 @@ void Arena::set(std::size_t g, PhysRef p) {
 }
 
 void Arena::clear(std::size_t g) {
+  if (segment_) throw std::logic_error("cuarena: unmapping from a segment arena");
   if (!is_mapped(g)) throw std::logic_error("cuarena: arena granule unmapped twice");
   phys_[g] = PhysRef{};
   --mapped_count_;

@@ -4,6 +4,9 @@
 // Invariant kept here: `phys_[g]` names the physical granule mapped at virtual granule g (chunk
 // 0 = nothing mapped), and `mapped_count_` is the number of mapped virtual granules. The arena
 // records; BlockPool decides and calls the backend.
+//
+// A *segment* arena (segment backends: cudaMalloc, cudaMallocAsync) is backed whole from birth
+// to release: every granule counts as mapped, with no PhysRef, and set/clear are errors.
 #pragma once
 
 #include <cstddef>
@@ -24,20 +27,23 @@ struct PhysRef {
 
 class Arena {
  public:
-  Arena(DevicePtr base, std::size_t size, std::size_t granule)
-      : base_(base), size_(size), granule_(granule) {}
+  Arena(DevicePtr base, std::size_t size, std::size_t granule, bool segment = false)
+      : base_(base), size_(size), granule_(granule), segment_(segment) {}
 
   DevicePtr base() const { return base_; }
   std::size_t size() const { return size_; }
   std::size_t granule() const { return granule_; }
-  std::size_t mapped_count() const { return mapped_count_; }
+  bool segment() const { return segment_; }
+  std::size_t mapped_count() const { return segment_ ? size_ / granule_ : mapped_count_; }
   /// One past the highest granule index ever mapped: scans stop here.
-  std::size_t high_water() const { return phys_.size(); }
+  std::size_t high_water() const { return segment_ ? size_ / granule_ : phys_.size(); }
 
   std::size_t granule_of(DevicePtr addr) const { return (addr - base_) / granule_; }
   DevicePtr granule_addr(std::size_t g) const { return base_ + g * granule_; }
 
-  bool is_mapped(std::size_t g) const { return g < phys_.size() && phys_[g].valid(); }
+  bool is_mapped(std::size_t g) const {
+    return segment_ ? g < size_ / granule_ : g < phys_.size() && phys_[g].valid();
+  }
   PhysRef phys(std::size_t g) const { return g < phys_.size() ? phys_[g] : PhysRef{}; }
   void set(std::size_t g, PhysRef p);
   void clear(std::size_t g);
@@ -60,6 +66,7 @@ class Arena {
   DevicePtr base_;
   std::size_t size_;
   std::size_t granule_;
+  bool segment_;
   std::vector<PhysRef> phys_;
   std::size_t mapped_count_ = 0;
 };

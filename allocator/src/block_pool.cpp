@@ -21,6 +21,18 @@ BlockPool::~BlockPool() {
   }
   for (std::size_t i = 0; i < arenas_.size(); ++i) {
     Arena& a = *arenas_[i];
+    if (a.segment()) {
+      try {
+        ctx_.backend.free_segment(a.base(), a.size());
+      } catch (...) {  // a destructor must not throw; the device is going away anyway
+      }
+      for (Block* b = arena_first_[i]; b != nullptr;) {
+        Block* next = b->next;
+        delete b;
+        b = next;
+      }
+      continue;
+    }
     for (std::size_t g = 0, hw = a.high_water(); g < hw; ++g) {
       if (!a.is_mapped(g)) continue;
       try {
@@ -41,16 +53,42 @@ BlockPool::~BlockPool() {
   // phys_ (a member) releases the chunks after this body.
 }
 
-Block* BlockPool::new_arena(std::size_t min_size) {
+Block* BlockPool::new_arena(std::size_t min_size, StreamId stream) {
   const std::size_t g = ctx_.granule;
+  if (segments_) return new_segment(min_size, stream);
   std::size_t bytes = ctx_.config.va_reserve;
   if (bytes == 0) bytes = 4 * ctx_.backend.capacity();
   bytes = round_up(std::max(bytes, min_size), g);
   const DevicePtr base = ctx_.backend.reserve_address(bytes);
   arenas_.push_back(std::make_unique<Arena>(base, bytes, g));
+  return add_arena_block();
+}
+
+Block* BlockPool::new_segment(std::size_t min_size, StreamId stream) {
+  // PyTorch's segment sizes (CUDACachingAllocator.cpp: kSmallBuffer, kLargeBuffer): one granule
+  // for requests up to 1 MiB (slabs), ten for requests under 10 MiB, so mid-size requests share
+  // segments; larger requests get a segment of their own size. Near the limit, only the size.
+  const std::size_t g = ctx_.granule;
+  std::size_t bytes = min_size <= (std::size_t{1} << 20) ? g
+                      : min_size < (std::size_t{10} << 20) ? 10 * g
+                                                            : 0;
+  bytes = std::max(bytes, round_up(min_size, g));
+  if (ctx_.reserved() + bytes > ctx_.limit) bytes = round_up(min_size, g);
+  if (ctx_.reserved() + bytes > ctx_.limit) return nullptr;
+  const DevicePtr base = ctx_.backend.allocate_segment(bytes, stream);
+  if (base == 0) return nullptr;
+  ++ctx_.stats.num_device_alloc;
+  segment_bytes_ += bytes;
+  ctx_.add_reserved(Pool::kLarge, std::int64_t(bytes));
+  arenas_.push_back(std::make_unique<Arena>(base, bytes, g, /*segment=*/true));
+  return add_arena_block();
+}
+
+Block* BlockPool::add_arena_block() {
+  const Arena& a = *arenas_.back();
   auto* b = new Block;
-  b->addr = base;
-  b->size = bytes;
+  b->addr = a.base();
+  b->size = a.size();
   b->arena = arenas_.back().get();
   b->shared = true;
   arena_first_.push_back(b);
@@ -64,7 +102,7 @@ void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
   if (b->shared) {
     ++free_blocks_;
     shared_free_.insert(b);
-    if (warm) warm_.push_back(b);
+    if (warm && !b->arena->segment()) warm_.push_back(b);  // a segment is never unmapped
     return;
   }
   StreamPool& sp = stream_pool(b->stream);
@@ -150,7 +188,8 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
     // Miss on the stream's own blocks: let finished streams' blocks become shared first.
     poll_sweeps();
     auto it = shared_free_.lower_bound(size);
-    b = it == shared_free_.end() ? new_arena(size) : *it;
+    b = it == shared_free_.end() ? new_arena(size, stream) : *it;
+    if (b == nullptr) return nullptr;  // a segment backend refused
   }
   // Detach b (marked allocated) before anything can coalesce it away, and split off the
   // remainder first, so its cached granules can be stolen for this very request.
@@ -432,8 +471,37 @@ void BlockPool::synchronize() {
 }
 
 std::size_t BlockPool::release_cached() {
+  if (segments_) return release_free_segments();
   while (!warm_.empty()) unmap_interior(warm_.front(), SIZE_MAX);
   return phys_.release_idle_chunks();
+}
+
+std::size_t BlockPool::release_free_segments() {
+  std::size_t released = 0;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < arenas_.size(); ++i) {
+    Block* b = arena_first_[i];
+    Arena& a = *arenas_[i];
+    if (b->is_free() && b->shared && b->size == a.size()) {  // the whole segment is free
+      remove_free(b);
+      delete b;
+      ctx_.backend.free_segment(a.base(), a.size());
+      ++ctx_.stats.num_device_free;
+      ctx_.stats.segment[int(Pool::kAll)].decrease(1);
+      ctx_.stats.segment[int(Pool::kLarge)].decrease(1);
+      segment_bytes_ -= a.size();
+      ctx_.add_reserved(Pool::kLarge, -std::int64_t(a.size()));
+      released += a.size();
+      continue;
+    }
+    arenas_[kept] = std::move(arenas_[i]);
+    arena_first_[kept] = b;
+    ++kept;
+  }
+  arenas_.resize(kept);
+  arena_first_.resize(kept);
+  ctx_.backend.trim();
+  return released;
 }
 
 void BlockPool::free_mapped_extents(std::size_t& total, std::size_t& largest) const {
@@ -495,11 +563,13 @@ BlockPool::Breakdown BlockPool::breakdown() const {
 }
 
 void BlockPool::check_invariants() const {
-  std::size_t free_seen = 0;
-  std::vector<const Arena*> arenas;
+  std::size_t free_seen = 0, segment_bytes = 0;
+  std::vector<const Arena*> arenas;  // mapped ones, for the physical pool's check
   for (std::size_t i = 0; i < arenas_.size(); ++i) {
     const Arena& a = *arenas_[i];
-    arenas.push_back(&a);
+    if (a.segment() != segments_) broken("arena kind differs from the backend's");
+    if (a.segment()) segment_bytes += a.size();
+    else arenas.push_back(&a);
     DevicePtr expect = a.base();
     const Block* prev = nullptr;
     for (const Block* b = arena_first_[i]; b != nullptr; prev = b, b = b->next) {
@@ -530,7 +600,8 @@ void BlockPool::check_invariants() const {
         std::size_t ifirst = 0, ilast = 0;
         a.interior(b->addr, b->size, ifirst, ilast);
         ilast = std::min(ilast, a.high_water());
-        if (!b->lru.linked && ilast > ifirst && a.count_unmapped(ifirst, ilast) != ilast - ifirst)
+        if (!a.segment() && !b->lru.linked && ilast > ifirst &&
+            a.count_unmapped(ifirst, ilast) != ilast - ifirst)
           broken(at + ": shared block caches granules but is not in the LRU list");
       } else {
         auto it = streams_.find(b->stream);
@@ -556,7 +627,9 @@ void BlockPool::check_invariants() const {
     }
   }
   if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");
-  phys_.check_invariants(arenas);
+  if (segment_bytes != segment_bytes_) broken("segment bytes disagree with the arenas");
+  if (segments_ && !warm_.empty()) broken("a segment block is in the LRU list");
+  phys_.check_invariants(arenas, ctx_.reserved() - segment_bytes_);
 }
 
 }  // namespace cuarena::detail

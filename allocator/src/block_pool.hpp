@@ -21,6 +21,10 @@
 // only then creates a chunk. Mapping reclaimed granules under a fresh virtual range is GMLake's
 // stitching (Guo et al., ASPLOS 2024).
 //
+// Segment mode (a backend without mapping: cudaMalloc, cudaMallocAsync): each arena is one
+// segment, backed whole while it exists; nothing is stolen or aliased, and whole free segments
+// are returned by release_cached() (the out-of-memory path calls it), as PyTorch does.
+//
 // Size indexes are ordered sets keyed by (size, address): O(log n) best fit. Nothing on the
 // allocation fast path scans all free blocks; steal/alias walk their lists only as far as needed.
 #pragma once
@@ -70,7 +74,8 @@ using SizeIndex = std::set<Block*, BySize>;
 
 class BlockPool {
  public:
-  explicit BlockPool(Context& ctx) : ctx_(ctx), phys_(ctx) {}
+  explicit BlockPool(Context& ctx)
+      : ctx_(ctx), phys_(ctx), segments_(!ctx.backend.supports_mapping()) {}
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -91,9 +96,10 @@ class BlockPool {
   /// Blocks until every stream's free and retired blocks are shared (out-of-memory path).
   void synchronize();
 
-  /// Unmaps every cached granule of shared blocks and releases idle chunks. Returns bytes
-  /// released to the device.
+  /// Unmaps every cached granule of shared blocks and releases idle chunks (segment mode: frees
+  /// every wholly free shared segment, then trims the upstream). Returns bytes released.
   std::size_t release_cached();
+  bool segment_mode() const { return segments_; }
 
   std::size_t free_block_count() const { return free_blocks_; }
   /// True when `addr` lies in address space this pool reserved. O(arenas).
@@ -129,7 +135,12 @@ class BlockPool {
   static constexpr std::size_t kMaxSweepsPerStream = 4;
 
   StreamPool& stream_pool(StreamId stream) { return streams_[stream]; }
-  Block* new_arena(std::size_t min_size);
+  /// A new arena holding at least `min_size` bytes as one shared free block; nullptr when a
+  /// segment backend refuses.
+  Block* new_arena(std::size_t min_size, StreamId stream);
+  Block* new_segment(std::size_t min_size, StreamId stream);
+  Block* add_arena_block();  // the free block tiling the newest arena
+  std::size_t release_free_segments();
 
   /// Indexes a detached block by its state. Owned blocks go before `fifo_pos` in their stream's
   /// FIFO (at the back when null), retired ones at the back of its retired list; shared ones
@@ -172,6 +183,8 @@ class BlockPool {
   IntrusiveList<Block, &Block::lru> warm_;  // LRU: front = freed longest ago
   std::size_t free_blocks_ = 0;
   std::size_t sweeps_pending_ = 0;
+  const bool segments_;            // segment mode: the backend cannot map
+  std::size_t segment_bytes_ = 0;  // bytes of all segments (segment mode's reserved bytes)
 };
 
 }  // namespace cuarena::detail

@@ -77,7 +77,8 @@ std::size_t PhysicalPool::release_idle_chunks() {
   return released;
 }
 
-void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas) const {
+void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
+                                    std::size_t expected_bytes) const {
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::size_t> seen;
   for (const Arena* a : arenas) {
     for (std::size_t g = 0; g < a->high_water(); ++g) {
@@ -101,7 +102,7 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas) con
   }
   if (idle != idle_.size())
     throw std::logic_error("cuarena invariant violated: idle list disagrees with map counts");
-  if (total * ctx_.granule != ctx_.reserved())
+  if (total * ctx_.granule != expected_bytes)
     throw std::logic_error("cuarena invariant violated: chunks disagree with reserved_bytes");
 }
 

@@ -44,8 +44,9 @@ class PhysicalPool {
   /// Releases every chunk whose granules are all idle. Returns bytes released.
   std::size_t release_idle_chunks();
 
-  /// Checks the invariants against the arenas' mappings; throws std::logic_error.
-  void check_invariants(const std::vector<const Arena*>& arenas) const;
+  /// Checks the invariants against the mapped arenas' mappings, and that the chunks hold
+  /// `expected_bytes`; throws std::logic_error.
+  void check_invariants(const std::vector<const Arena*>& arenas, std::size_t expected_bytes) const;
 
  private:
   struct Chunk {

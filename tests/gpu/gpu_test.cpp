@@ -11,6 +11,7 @@
 
 #include "cuarena/allocator.hpp"
 #include "cuarena/cuda_allocators.hpp"
+#include "cuarena/cuda_segment_backends.hpp"
 #include "cuarena/cuda_vmm_backend.hpp"
 #include "cuarena/sim_backend.hpp"
 #include "gpu_replay.hpp"
@@ -77,10 +78,19 @@ TEST(CudaVmmBackend, EventsFollowTheStream) {
   ok(cudaStreamDestroy(s));
 }
 
-TEST(CudaAllocator, BlocksHoldDataAndNeverOverlap) {
+// The allocator tests run over every upstream: vmm, async (cudaMallocAsync), malloc.
+class CudaAllocator : public ::testing::TestWithParam<Upstream> {
+ protected:
+  Config config(const std::string& extra = "") const {
+    const char* up = GetParam() == Upstream::kVmm ? "vmm" : GetParam() == Upstream::kAsync ? "async" : "malloc";
+    return Config::parse(std::string("upstream:") + up + (extra.empty() ? "" : "," + extra));
+  }
+};
+
+TEST_P(CudaAllocator, BlocksHoldDataAndNeverOverlap) {
   REQUIRE_GPU();
-  CudaVmmBackend backend(0);
-  Allocator a(backend);
+  auto backend = make_cuda_backend(GetParam(), 0);
+  Allocator a(*backend, config());
   std::mt19937_64 rng(7);
   std::vector<std::pair<void*, std::size_t>> blocks;
   for (int i = 0; i < 200; ++i) {
@@ -102,13 +112,13 @@ TEST(CudaAllocator, BlocksHoldDataAndNeverOverlap) {
   a.check_invariants();
 }
 
-TEST(CudaAllocator, OutOfMemoryIsCleanAndNothingLeaks) {
+TEST_P(CudaAllocator, OutOfMemoryIsCleanAndNothingLeaks) {
   REQUIRE_GPU();
   ok(cudaDeviceSynchronize());
   const std::size_t before = device_used();
   {
-    CudaVmmBackend backend(0);
-    Allocator a(backend);
+    auto backend = make_cuda_backend(GetParam(), 0);
+    Allocator a(*backend, config());
     std::vector<void*> blocks;
     const std::size_t chunk = std::size_t(8) << 30;
     bool hit_oom = false;
@@ -138,10 +148,10 @@ TEST(CudaAllocator, OutOfMemoryIsCleanAndNothingLeaks) {
 
 // Threads on their own streams allocate, tag blocks with a kernel, hand some blocks to other
 // streams via record_stream, and check tags before freeing: premature reuse shows as a bad tag.
-TEST(CudaAllocator, MultiThreadMultiStreamStress) {
+TEST_P(CudaAllocator, MultiThreadMultiStreamStress) {
   REQUIRE_GPU();
-  CudaVmmBackend backend(0);
-  Allocator a(backend, Config::parse("sweep_interval:4"));
+  auto backend = make_cuda_backend(GetParam(), 0);
+  Allocator a(*backend, config("sweep_interval:4"));
   std::uint64_t* error = nullptr;
   ok(cudaMalloc(reinterpret_cast<void**>(&error), sizeof *error));
   ok(cudaMemset(error, 0, sizeof *error));
@@ -203,6 +213,40 @@ TEST(CudaAllocator, MultiThreadMultiStreamStress) {
   EXPECT_EQ(a.stats().allocation[0].current, 0);
   for (auto& s : streams) ok(cudaStreamDestroy(s));
   ok(cudaFree(error));
+}
+
+INSTANTIATE_TEST_SUITE_P(Upstreams, CudaAllocator,
+                         ::testing::Values(Upstream::kVmm, Upstream::kAsync, Upstream::kMalloc),
+                         [](const auto& info) {
+                           return info.param == Upstream::kVmm     ? std::string("vmm")
+                                  : info.param == Upstream::kAsync ? std::string("async")
+                                                                   : std::string("malloc");
+                         });
+
+TEST(CudaSegmentBackends, SegmentsAreRealMemoryAndTrimReturnsIt) {
+  REQUIRE_GPU();
+  for (Upstream up : {Upstream::kAsync, Upstream::kMalloc}) {
+    auto b = make_cuda_backend(up, 0);
+    ASSERT_FALSE(b->supports_mapping());
+    EXPECT_THROW(b->reserve_address(b->granularity()), std::logic_error);
+    ok(cudaDeviceSynchronize());
+    const std::size_t before = device_used();
+    const std::size_t bytes = std::size_t(1) << 30;
+    const DevicePtr p = b->allocate_segment(bytes, 0);
+    ASSERT_NE(p, 0u);
+    std::vector<unsigned char> host(4096, 0x5A), back(4096, 0);
+    ok(cudaMemcpy(reinterpret_cast<void*>(p + bytes - 4096), host.data(), 4096, cudaMemcpyHostToDevice));
+    ok(cudaMemcpy(back.data(), reinterpret_cast<void*>(p + bytes - 4096), 4096, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(back, host);
+    EXPECT_GE(device_used(), before + bytes / 2) << "a segment must hold device memory";
+    EXPECT_EQ(b->allocate_segment(std::size_t(1) << 50, 0), 0u) << "out of memory is 0, not a throw";
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "out of memory must leave no sticky error";
+    b->free_segment(p, bytes);
+    b->trim();
+    ok(cudaDeviceSynchronize());
+    EXPECT_LE(device_used(), before + (std::size_t(64) << 20)) << "trim must return the pool's memory";
+    EXPECT_GE(b->driver_calls(), 2u);
+  }
 }
 
 int device_count() {

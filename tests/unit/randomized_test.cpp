@@ -69,8 +69,11 @@ void check_against_model(const Allocator& a, const SimBackend& sim,
 TEST_P(Randomized, InvariantsHoldAfterEveryOperation) {
   const auto& [sc, seed] = GetParam();
   std::mt19937_64 rng(seed);
-  SimBackend sim(sim_options(sc.capacity, sc.latency));
-  Allocator a(sim, Config::parse(sc.config));
+  const Config config = Config::parse(sc.config);
+  SimBackend::Options so = sim_options(sc.capacity, sc.latency);
+  so.segments = config.upstream != Upstream::kVmm;  // the segment upstreams' core path
+  SimBackend sim(so);
+  Allocator a(sim, config);
   std::map<DevicePtr, Live> model;
   std::vector<DevicePtr> order;
   std::size_t ooms = 0;
@@ -115,6 +118,8 @@ const Scenario kScenarios[] = {
     {"tight", 384 * MiB, 20, "", 3000},
     {"no_slabs_fine_classes", 2 * GiB, 5, "small_limit:512,size_classes_per_doubling:8", 2000},
     {"threshold_half", 1 * GiB, 5, "defrag_threshold:0.5,sweep_interval:3", 2000},
+    {"segments_roomy", 8 * GiB, 1, "upstream:malloc", 3000},
+    {"segments_tight_laggy", 384 * MiB, 20, "upstream:async", 3000},
 };
 
 INSTANTIATE_TEST_SUITE_P(

@@ -39,7 +39,9 @@ struct Config {
   std::uint32_t sweep_interval = 16;
   /// Virtual address space reserved per arena, in bytes; 0 picks 4x the device capacity.
   std::size_t va_reserve = 0;
-  /// Which device upstream serves physical memory (CUDA backends; ignored by the simulator).
+  /// Which device upstream serves physical memory: vmm (mapping), async (cudaMallocAsync
+  /// segments), malloc (cudaMalloc segments). The simulator models async and malloc alike, as a
+  /// segment upstream.
   Upstream upstream = Upstream::kVmm;
   /// SimBackend only: an event completes this many clock ticks after it is recorded.
   std::uint64_t sim_event_latency = 1;

@@ -1,10 +1,14 @@
 // DeviceBackend: the only door from the policy core to a device.
 //
-// The model is CUDA's virtual memory management: the core reserves virtual address ranges,
+// The main model is CUDA's virtual memory management: the core reserves virtual address ranges,
 // creates physical memory in chunks of whole granules, maps any granule-aligned part of a chunk
 // at any granule-aligned virtual address (the same physical memory may be mapped at several
 // addresses at once), unmaps, and releases chunks. It records and queries events to learn when
 // a stream has finished with memory. A backend never makes policy decisions.
+//
+// Upstreams without virtual memory management (cudaMalloc, cudaMallocAsync) answer false to
+// supports_mapping(): the core then never reserves, creates or maps, and takes memory only in
+// whole segments (allocate_segment/free_segment) that it splits and caches, as PyTorch does.
 //
 // Implementations: SimBackend (CPU simulation, target `cuarena_sim`) and the CUDA backends
 // (separate targets).
@@ -72,6 +76,26 @@ class DeviceBackend {
 
   /// Returns the event to the backend; the id may be reused.
   virtual void release_event(EventId event) = 0;
+
+  // --- Segment upstreams (supports_mapping() == false) ---------------------------------------
+
+  /// True for a mapping (VMM) backend: the calls above are used. False for a segment backend:
+  /// only the calls below and the events are.
+  virtual bool supports_mapping() const { return true; }
+
+  /// Allocates a segment of `bytes` (a granule multiple) of device memory, usable on `stream`
+  /// at once and on any stream once work already queued on `stream` has finished. Returns 0 when
+  /// the device is out of memory; throws BackendError for any other failure. A mapping backend
+  /// throws std::logic_error.
+  virtual DevicePtr allocate_segment(std::size_t bytes, StreamId stream);
+
+  /// Frees a segment from allocate_segment(). The caller guarantees no pending device work uses
+  /// it. Throws BackendError on failure.
+  virtual void free_segment(DevicePtr ptr, std::size_t bytes);
+
+  /// Returns memory the upstream itself caches to the device (cudaMemPoolTrimTo for a memory
+  /// pool); called after the core released what it cached. The default does nothing.
+  virtual void trim() {}
 };
 
 }  // namespace cuarena

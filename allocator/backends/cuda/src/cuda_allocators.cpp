@@ -12,7 +12,7 @@ Allocator& CudaAllocators::allocator(int device) {
   std::lock_guard lock(mu_);
   PerDevice& d = devices_[std::size_t(device)];
   if (!d.allocator) {
-    d.backend = std::make_unique<CudaVmmBackend>(device);
+    d.backend = make_cuda_backend(config_.upstream, device);
     d.allocator = std::make_unique<Allocator>(*d.backend, config_);
   }
   return *d.allocator;

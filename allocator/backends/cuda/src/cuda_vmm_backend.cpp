@@ -9,50 +9,24 @@
 
 #include "cuarena/errors.hpp"
 #include "driver_api.hpp"
+#include "runtime.hpp"
 
 namespace cuarena {
 
-namespace {
-
-void check_rt(cudaError_t err, const char* call) {
-  if (err != cudaSuccess) {
-    throw BackendError(std::string("cuarena: ") + call + " failed: " + cudaGetErrorName(err) +
-                       " (" + cudaGetErrorString(err) + ")");
-  }
-}
-
-// Makes `device` current for a scope and restores the caller's device.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check_rt(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_rt(cudaSetDevice(device), "cudaSetDevice");
-    switched_ = previous_ != device;
-  }
-  ~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-};
-
-}  // namespace
+using cuda::check_rt;
+using cuda::DeviceGuard;
 
 struct CudaVmmBackend::Impl {
+  explicit Impl(int d) : device(d), events(d) {}
   const cuda::DriverApi& api = cuda::DriverApi::get();
   int device = 0;
+  cuda::EventPool events;
   std::size_t granule = 0;
   std::size_t capacity = 0;
   std::size_t created = 0;  // physical bytes held
   std::size_t calls = 0;
   CUmemAllocationProp prop{};
   CUmemAccessDesc access{};
-  std::vector<cudaEvent_t> events;  // EventId - 1 indexes this
-  std::vector<EventId> free_events;
   // A chunk is one cuMemCreate handle per granule: cuMemMap maps only whole handles (offset 0,
   // full size; seen on the H200 with driver 580: CUDA_ERROR_NOT_SUPPORTED otherwise), and the
   // core maps and unmaps single granules.
@@ -60,9 +34,9 @@ struct CudaVmmBackend::Impl {
   PhysHandle next_chunk = 1;
 };
 
-CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity) : impl_(std::make_unique<Impl>()) {
+CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity)
+    : impl_(std::make_unique<Impl>(device)) {
   Impl& m = *impl_;
-  m.device = device;
   DeviceGuard guard(device);
   check_rt(cudaFree(nullptr), "cudaFree(nullptr) (context initialisation)");
   int vmm = 0;
@@ -83,13 +57,12 @@ CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity) : impl_(std::ma
   cuda::check(m.api.granularity(&m.granule, &m.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
               "cuMemGetAllocationGranularity");
   std::size_t free_bytes = 0, total_bytes = 0;
-  check_rt(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  cuda::mem_info(device, free_bytes, total_bytes);
   m.capacity = capacity ? capacity : total_bytes;
 }
 
 CudaVmmBackend::~CudaVmmBackend() {
   DeviceGuard guard(impl_->device);
-  for (cudaEvent_t e : impl_->events) cudaEventDestroy(e);
   for (auto& [id, handles] : impl_->chunks) {  // the core releases its chunks; this is a backstop
     for (auto h : handles) impl_->api.mem_release(h);
   }
@@ -180,37 +153,9 @@ void CudaVmmBackend::unmap(DevicePtr va, std::size_t bytes) {
   }
 }
 
-EventId CudaVmmBackend::record_event(StreamId stream) {
-  Impl& m = *impl_;
-  // Stream 0 means the current device's default stream: make it this backend's device (a free
-  // may come while another device is current).
-  DeviceGuard guard(m.device);
-  EventId id;
-  if (!m.free_events.empty()) {
-    id = m.free_events.back();
-    m.free_events.pop_back();
-  } else {
-    cudaEvent_t e = nullptr;
-    check_rt(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    m.events.push_back(e);
-    id = m.events.size();
-  }
-  check_rt(cudaEventRecord(m.events[id - 1], reinterpret_cast<cudaStream_t>(stream)),
-           "cudaEventRecord");
-  return id;
-}
-
-bool CudaVmmBackend::event_completed(EventId event) {
-  const cudaError_t err = cudaEventQuery(impl_->events.at(event - 1));
-  if (err == cudaErrorNotReady) return false;
-  check_rt(err, "cudaEventQuery");
-  return true;
-}
-
-void CudaVmmBackend::wait_event(EventId event) {
-  check_rt(cudaEventSynchronize(impl_->events.at(event - 1)), "cudaEventSynchronize");
-}
-
-void CudaVmmBackend::release_event(EventId event) { impl_->free_events.push_back(event); }
+EventId CudaVmmBackend::record_event(StreamId stream) { return impl_->events.record(stream); }
+bool CudaVmmBackend::event_completed(EventId event) { return impl_->events.completed(event); }
+void CudaVmmBackend::wait_event(EventId event) { impl_->events.wait(event); }
+void CudaVmmBackend::release_event(EventId event) { impl_->events.release(event); }
 
 }  // namespace cuarena

@@ -23,7 +23,16 @@ SimBackend::SimBackend(Options options) : options_(options), next_va_(kVaBase) {
     throw std::invalid_argument("SimBackend: granularity must be a power of two >= 512");
 }
 
+void SimBackend::require_mapping(const char* op) const {
+  if (options_.segments) misuse(std::string(op) + " on a segment backend (no mapping)");
+}
+
 DevicePtr SimBackend::reserve_address(std::size_t bytes) {
+  require_mapping("reserve_address");
+  return reserve(bytes);
+}
+
+DevicePtr SimBackend::reserve(std::size_t bytes) {
   const std::size_t g = options_.granularity;
   if (bytes == 0 || bytes % g != 0) misuse("reserve_address size not a granule multiple");
   if (bytes > kVaEnd - next_va_) {
@@ -56,13 +65,15 @@ SimBackend::Range& SimBackend::range_of(DevicePtr va, std::size_t bytes, const c
 
 void SimBackend::release_address(DevicePtr va, std::size_t bytes) {
   Range& r = range_of(va, bytes, "release_address");
-  if (r.base != va || r.size != bytes) misuse("release_address of a range not reserved as such");
+  if (r.base != va || r.size != bytes || r.segment)
+    misuse("release_address of a range not reserved as such");
   if (std::any_of(r.mapped.begin(), r.mapped.end(), [](PhysHandle h) { return h != 0; }))
     misuse("release_address of a range still mapped");
   ranges_.erase(ranges_.begin() + (&r - ranges_.data()));
 }
 
 PhysHandle SimBackend::create_physical(std::size_t bytes) {
+  require_mapping("create_physical");
   if (bytes == 0 || bytes % options_.granularity != 0)
     misuse("create_physical size not a granule multiple");
   if (physical_bytes_ + bytes > options_.capacity) return 0;
@@ -82,6 +93,7 @@ void SimBackend::release_physical(PhysHandle chunk) {
 }
 
 void SimBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) {
+  require_mapping("map");
   Range& r = range_of(va, bytes, "map");
   auto it = chunks_.find(chunk);
   const std::size_t g = options_.granularity;
@@ -97,6 +109,7 @@ void SimBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::siz
 }
 
 void SimBackend::unmap(DevicePtr va, std::size_t bytes) {
+  require_mapping("unmap");
   Range& r = range_of(va, bytes, "unmap");
   const std::size_t g = options_.granularity;
   const std::size_t first = (va - r.base) / g, count = bytes / g;
@@ -108,6 +121,32 @@ void SimBackend::unmap(DevicePtr va, std::size_t bytes) {
     r.mapped[i] = 0;
   }
   ++unmap_calls_;
+}
+
+DevicePtr SimBackend::allocate_segment(std::size_t bytes, StreamId) {
+  if (!options_.segments) misuse("allocate_segment on a mapping backend");
+  if (bytes == 0 || bytes % options_.granularity != 0)
+    misuse("allocate_segment size not a granule multiple");
+  if (physical_bytes_ + bytes > options_.capacity) return 0;
+  const DevicePtr base = reserve(bytes);
+  const PhysHandle h = next_chunk_++;
+  chunks_.emplace(h, Chunk{bytes, bytes / options_.granularity});
+  Range& r = ranges_.back();
+  r.segment = true;
+  std::fill(r.mapped.begin(), r.mapped.end(), h);
+  physical_bytes_ += bytes;
+  peak_physical_bytes_ = std::max(peak_physical_bytes_, physical_bytes_);
+  return base;
+}
+
+void SimBackend::free_segment(DevicePtr ptr, std::size_t bytes) {
+  const Range* r = find_range(ptr);
+  if (r == nullptr || !r->segment || r->base != ptr || r->size != bytes)
+    misuse("free_segment of [" + std::to_string(ptr) + ", +" + std::to_string(bytes) +
+           ") that is not a live segment");
+  chunks_.erase(r->mapped.front());
+  physical_bytes_ -= bytes;
+  ranges_.erase(ranges_.begin() + (r - ranges_.data()));
 }
 
 bool SimBackend::is_mapped(DevicePtr addr, std::size_t bytes) const {

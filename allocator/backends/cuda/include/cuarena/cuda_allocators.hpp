@@ -1,10 +1,10 @@
 // CudaAllocators: one cuarena Allocator per CUDA device, created on first use, each over its own
-// CudaVmmBackend. A pointer is always returned to the device that allocated it, whichever
+// backend of the configured upstream (make_cuda_backend). A pointer is always returned to the device that allocated it, whichever
 // device is current when it is freed.
 //
 // Thread semantics: every member is safe to call concurrently. Errors: as Allocator;
 // InvalidPointerError for a pointer no device's allocator owns; BackendError for a device that
-// does not exist or lacks VMM support.
+// does not exist or lacks what the upstream needs.
 #pragma once
 
 #include <array>
@@ -12,7 +12,7 @@
 #include <mutex>
 
 #include "cuarena/allocator.hpp"
-#include "cuarena/cuda_vmm_backend.hpp"
+#include "cuarena/cuda_backend.hpp"
 
 namespace cuarena {
 
@@ -39,7 +39,7 @@ class CudaAllocators {
 
  private:
   struct PerDevice {
-    std::unique_ptr<CudaVmmBackend> backend;
+    std::unique_ptr<CudaBackend> backend;
     std::unique_ptr<Allocator> allocator;
   };
   Allocator& owner(const void* ptr);

@@ -18,11 +18,11 @@
 #include <cstddef>
 #include <memory>
 
-#include "cuarena/device_backend.hpp"
+#include "cuarena/cuda_backend.hpp"
 
 namespace cuarena {
 
-class CudaVmmBackend final : public DeviceBackend {
+class CudaVmmBackend final : public CudaBackend {
  public:
   /// Serves CUDA device `device`. `capacity` bytes (0: the device's total memory). Throws
   /// BackendError when the device or driver lacks VMM support.
@@ -42,9 +42,9 @@ class CudaVmmBackend final : public DeviceBackend {
   void wait_event(EventId event) override;
   void release_event(EventId event) override;
 
-  int device() const;
+  int device() const override;
   /// Driver calls made so far (cuMemCreate/Release/Map/Unmap/SetAccess), for cost accounting.
-  std::size_t driver_calls() const;
+  std::size_t driver_calls() const override;
 
  private:
   struct Impl;

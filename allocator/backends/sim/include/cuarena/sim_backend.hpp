@@ -6,6 +6,10 @@
 // advances the clock one tick per trace event; wait_event() jumps it forward (the host waited).
 // Deterministic: the same calls give the same addresses and answers on every run.
 //
+// With `segments` set it models a segment upstream (cudaMalloc, cudaMallocAsync) instead:
+// supports_mapping() is false, memory comes only from allocate_segment(), and the mapping calls
+// are misuse.
+//
 // It also checks its caller: mapping over a mapped granule, unmapping an unmapped one, releasing
 // a chunk still mapped, or using an unknown event throws std::logic_error, so a policy bug
 // cannot pass silently.
@@ -26,6 +30,7 @@ class SimBackend final : public DeviceBackend {
     std::size_t capacity = std::size_t{143771} << 20;  ///< bytes; the recorded H200's
     std::size_t granularity = std::size_t{2} << 20;    ///< bytes, a power of two
     std::uint64_t event_latency = 1;                   ///< ticks until an event completes
+    bool segments = false;  ///< model a segment upstream (no mapping) instead of VMM
   };
   explicit SimBackend(Options options);
   SimBackend() : SimBackend(Options{}) {}
@@ -42,6 +47,11 @@ class SimBackend final : public DeviceBackend {
   bool event_completed(EventId event) override;
   void wait_event(EventId event) override;
   void release_event(EventId event) override;
+  bool supports_mapping() const override { return !options_.segments; }
+  DevicePtr allocate_segment(std::size_t bytes, StreamId stream) override;
+  void free_segment(DevicePtr ptr, std::size_t bytes) override;
+  void trim() override { ++trims_; }
+  std::size_t trims() const { return trims_; }
 
   /// Advances the device clock by `ticks`.
   void advance(std::uint64_t ticks = 1) { now_ += ticks; }
@@ -62,12 +72,15 @@ class SimBackend final : public DeviceBackend {
     DevicePtr base;
     std::size_t size;
     std::vector<PhysHandle> mapped;  // per granule: the chunk mapped there, 0 if none
+    bool segment = false;            // from allocate_segment(): backed by its own chunk
   };
   struct Chunk {
     std::size_t bytes;
     std::size_t mappings = 0;  // granule mappings of this chunk, over all addresses
   };
   Range& range_of(DevicePtr va, std::size_t bytes, const char* op);
+  DevicePtr reserve(std::size_t bytes);
+  void require_mapping(const char* op) const;
   const Range* find_range(DevicePtr va) const;
 
   Options options_;
@@ -79,6 +92,7 @@ class SimBackend final : public DeviceBackend {
   std::size_t peak_physical_bytes_ = 0;
   std::size_t map_calls_ = 0;
   std::size_t unmap_calls_ = 0;
+  std::size_t trims_ = 0;
   std::uint64_t now_ = 0;
   EventId next_event_ = 1;
   std::unordered_map<EventId, std::uint64_t> events_;  // id -> completion tick

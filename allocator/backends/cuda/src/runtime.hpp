@@ -1,0 +1,52 @@
+// Runtime-API helpers shared by the CUDA backends: error checks, a device guard, an event pool.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "cuarena/types.hpp"
+
+namespace cuarena::cuda {
+
+/// Throws BackendError naming `call` unless `err` is cudaSuccess.
+void check_rt(cudaError_t err, const char* call);
+
+/// Makes `device` current for a scope and restores the caller's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+/// cudaEvent_t (timing disabled) behind EventIds, created on demand and reused. Ids are
+/// 1-based indexes. Not thread-safe: the owning backend is called under its allocator's lock.
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool();
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  /// Records on `stream` (a cudaStream_t of this device; 0 is its default stream).
+  EventId record(StreamId stream);
+  bool completed(EventId event);
+  void wait(EventId event);
+  void release(EventId event) { free_.push_back(event); }
+
+ private:
+  int device_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<EventId> free_;
+};
+
+/// Free and total bytes of `device` (cudaMemGetInfo).
+void mem_info(int device, std::size_t& free_bytes, std::size_t& total_bytes);
+
+}  // namespace cuarena::cuda
