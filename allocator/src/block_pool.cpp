@@ -276,26 +276,57 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   std::vector<PhysRef> taken;  // idle granules, given back if the device refuses
   while (aliases.size() + taken.size() < need && phys_.idle_granules() > 0)
     taken.push_back(phys_.take_idle());
-  PhysRef chunk;
-  if (fresh > 0) {
-    chunk = phys_.create(fresh);
-    if (!chunk.valid()) {
-      for (const PhysRef& p : taken) phys_.put_idle(p);
-      return false;  // the device refused; aliased granules return after their sweep
-    }
-  }
-  // Aliases go only to holes wholly inside b; idle and fresh granules fill the rest.
+  // Aliases go only to holes wholly inside b; idle granules fill the rest, then fresh ones.
   std::vector<PhysRef> supply(need);
+  std::vector<std::size_t> unfilled;
   std::size_t next_alias = 0, next_taken = 0;
-  std::uint32_t next_fresh = 0;
   for (std::size_t i = 0; i < need; ++i) {
     if (next_alias < aliases.size() && inside(holes[i])) supply[i] = aliases[next_alias++];
     else if (next_taken < taken.size()) supply[i] = taken[next_taken++];
-    else supply[i] = {chunk.chunk, next_fresh++};
+    else unfilled.push_back(i);
+  }
+  if (!create_fresh(holes, unfilled, supply)) {
+    for (const PhysRef& p : taken) phys_.put_idle(p);
+    return false;  // the device refused; aliased granules return after their sweep
   }
   map_granules(a, holes, supply);
   ctx_.stats.granules_aliased += std::int64_t(aliases.size());
   if (reclaimed_idle + aliases.size() > 0 || have > aliases.size()) ++ctx_.stats.stitched_ranges;
+  return true;
+}
+
+bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
+                             const std::vector<std::size_t>& unfilled, std::vector<PhysRef>& supply) {
+  // Runs of consecutive hole granules long enough become whole chunks; the rest one chunk of
+  // movable granules.
+  const std::size_t min_run =
+      ctx_.config.whole_chunk_min == 0 ? SIZE_MAX
+                                       : std::max<std::size_t>(2, ctx_.config.whole_chunk_min / ctx_.granule);
+  std::vector<std::pair<std::size_t, std::size_t>> runs;  // [begin, end) into `unfilled`
+  std::vector<std::size_t> singles;
+  for (std::size_t i = 0; i < unfilled.size();) {
+    std::size_t j = i + 1;
+    while (j < unfilled.size() && holes[unfilled[j]] == holes[unfilled[j - 1]] + 1) ++j;
+    if (j - i >= min_run) runs.emplace_back(i, j);
+    else for (std::size_t k = i; k < j; ++k) singles.push_back(unfilled[k]);
+    i = j;
+  }
+  std::vector<std::uint32_t> made;
+  auto fail = [&] {
+    for (std::uint32_t c : made) phys_.discard(c);
+    return false;
+  };
+  for (const auto& [i, j] : runs) {
+    const PhysRef c = phys_.create(j - i, /*whole=*/true);
+    if (!c.valid()) return fail();
+    made.push_back(c.chunk);
+    for (std::size_t k = i; k < j; ++k) supply[unfilled[k]] = {c.chunk, std::uint32_t(k - i)};
+  }
+  if (!singles.empty()) {
+    const PhysRef c = phys_.create(singles.size());
+    if (!c.valid()) return fail();
+    for (std::size_t k = 0; k < singles.size(); ++k) supply[singles[k]] = {c.chunk, std::uint32_t(k)};
+  }
   return true;
 }
 
@@ -333,39 +364,72 @@ void BlockPool::unmap_run(Arena& a, std::size_t first, std::size_t count) {
 
 void BlockPool::steal(std::size_t target) {
   ++ctx_.stats.defrag_passes;
+  // Movable granules first; whole chunks (released, their bytes created anew in the shape the
+  // request needs) only if that is not enough, since that may release more than asked for.
   const std::size_t before = phys_.idle_granules();
-  for (Block* b = warm_.front(); b != nullptr && phys_.idle_granules() < target;) {
-    Block* next = Lru::next(b);
-    unmap_interior(b, target - phys_.idle_granules());
-    b = next;
+  std::size_t released = 0;
+  auto short_by = [&] {
+    const std::size_t have = phys_.idle_granules() + released;
+    return have < target ? target - have : 0;
+  };
+  for (Take take : {Take::kMovable, Take::kWholeToo}) {
+    for (Block* b = warm_.front(); b != nullptr && short_by() > 0;) {
+      Block* next = Lru::next(b);
+      unmap_interior(b, short_by(), take, &released);
+      b = next;
+    }
+    if (short_by() == 0) break;
   }
-  ctx_.stats.granules_stolen += std::int64_t(phys_.idle_granules() - std::min(before, phys_.idle_granules()));
+  ctx_.stats.granules_stolen +=
+      std::int64_t(released + phys_.idle_granules() - std::min(before, phys_.idle_granules()));
 }
 
-std::size_t BlockPool::unmap_interior(Block* b, std::size_t max_granules) {
+void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take,
+                               std::size_t* released) {
   Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
   a.interior(b->addr, b->size, first, last);
   last = std::min(last, a.high_water());
-  std::size_t released = 0;
+  std::size_t got = 0;  // movable granules unmapped plus whole-chunk granules released
   bool remaining = false;
+  const bool limited = take != Take::kAll;
+  auto movable = [&](std::size_t g) { return a.is_mapped(g) && !phys_.whole(a.phys(g).chunk); };
   // Take from the top so the low end, which best fit reuses first, stays mapped.
   for (std::size_t g = last; g > first;) {
     if (!a.is_mapped(g - 1)) {
       --g;
       continue;
     }
-    if (released >= max_granules) {
+    const PhysRef top = a.phys(g - 1);
+    if (phys_.whole(top.chunk)) {
+      // A whole chunk goes all at once, and only if the block holds all of it.
+      const std::size_t n = phys_.granules(top.chunk);
+      const std::size_t start = g - 1 - top.offset;
+      if (start >= first && start + n <= last) {
+        if (take == Take::kMovable || (limited && got >= max_granules)) {
+          remaining = true;
+        } else {
+          unmap_run(a, start, n);
+          if (take == Take::kWholeToo) {
+            phys_.release_if_idle(top.chunk);
+            got += n;
+            *released += n;
+          }
+        }
+      }
+      g = start > first ? start : first;
+      continue;
+    }
+    if (limited && got >= max_granules) {
       remaining = true;
       break;
     }
     const std::size_t end = g;
-    while (g > first && a.is_mapped(g - 1) && end - g < max_granules - released) --g;
+    while (g > first && movable(g - 1) && (!limited || end - g < max_granules - got)) --g;
     unmap_run(a, g, end - g);
-    released += end - g;
+    got += end - g;
   }
   if (!remaining && Lru::contains(b)) warm_.erase(b);
-  return released;
 }
 
 std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
@@ -373,7 +437,7 @@ std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
   for (const Block* f = sp.fifo.front(); f != nullptr && n < max; f = Fifo::next(f)) {
     std::size_t first = 0, last = 0;
     f->arena->interior(f->addr, f->size, first, last);
-    n += last - first;
+    for (std::size_t g = first; g < last && n < max; ++g) n += !phys_.whole(f->arena->phys(g).chunk);
   }
   return std::min(n, max);
 }
@@ -385,11 +449,13 @@ std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysR
     Arena& a = *f->arena;
     std::size_t first = 0, last = 0;
     a.interior(f->addr, f->size, first, last);
-    if (last > first) {
-      const std::size_t take = std::min(want - got, last - first);
-      const std::size_t g0 = last - take;
+    // The topmost run of movable granules (whole chunks never move), at most what is wanted.
+    while (last > first && phys_.whole(a.phys(last - 1).chunk)) --last;
+    std::size_t g0 = last;
+    while (g0 > first && last - g0 < want - got && !phys_.whole(a.phys(g0 - 1).chunk)) --g0;
+    if (last > g0) {
       for (std::size_t g = g0; g < last; ++g) out.push_back(a.phys(g));
-      got += take;
+      got += last - g0;
       // Split f into [f, g0) owned, [g0, last) retired, [last, end) owned.
       remove_free(f);
       Block* mid = f;
@@ -472,7 +538,8 @@ void BlockPool::synchronize() {
 
 std::size_t BlockPool::release_cached() {
   if (segments_) return release_free_segments();
-  while (!warm_.empty()) unmap_interior(warm_.front(), SIZE_MAX);
+  std::size_t released = 0;
+  while (!warm_.empty()) unmap_interior(warm_.front(), SIZE_MAX, Take::kAll, &released);
   return phys_.release_idle_chunks();
 }
 
@@ -600,9 +667,15 @@ void BlockPool::check_invariants() const {
         std::size_t ifirst = 0, ilast = 0;
         a.interior(b->addr, b->size, ifirst, ilast);
         ilast = std::min(ilast, a.high_water());
-        if (!a.segment() && !b->lru.linked && ilast > ifirst &&
-            a.count_unmapped(ifirst, ilast) != ilast - ifirst)
-          broken(at + ": shared block caches granules but is not in the LRU list");
+        if (!a.segment() && !b->lru.linked) {
+          for (std::size_t g = ifirst; g < ilast; ++g) {
+            if (!a.is_mapped(g)) continue;
+            const PhysRef p = a.phys(g);
+            const bool stealable = !phys_.whole(p.chunk) ||
+                                   (g - p.offset >= ifirst && g - p.offset + phys_.granules(p.chunk) <= ilast);
+            if (stealable) broken(at + ": shared block caches stealable granules but is not in the LRU list");
+          }
+        }
       } else {
         auto it = streams_.find(b->stream);
         if (it == streams_.end() || !it->second.free.count(const_cast<Block*>(b)) ||

@@ -165,7 +165,19 @@ class BlockPool {
   bool ensure_mapped(Block* b, std::size_t size, StreamId stream);
   /// Unmaps cached granules of shared blocks until `target` granules are idle.
   void steal(std::size_t target);
-  std::size_t unmap_interior(Block* b, std::size_t max_granules);
+  enum class Take {
+    kMovable,   ///< movable granules only
+    kWholeToo,  ///< also whole chunks lying wholly inside, released at once
+    kAll,       ///< everything inside (release_cached); whole chunks left idle, not released
+  };
+  /// Unmaps cached granules wholly inside shared block b, from the top, until `max_granules`
+  /// have become idle or been released (kAll: no limit); adds whole-chunk granules released to
+  /// `*released`. Leaves b in warm_ while it still holds stealable granules.
+  void unmap_interior(Block* b, std::size_t max_granules, Take take, std::size_t* released);
+  /// Creates physical memory for holes[unfilled[i]] into supply: whole chunks for long runs.
+  /// False (nothing created) when the limit or the device refuses.
+  bool create_fresh(const std::vector<std::size_t>& holes, const std::vector<std::size_t>& unfilled,
+                    std::vector<PhysRef>& supply);
   /// Granules of `sp`'s owned blocks that alias() could take, up to `max`.
   std::size_t aliasable(const StreamPool& sp, std::size_t max) const;
   /// Retires up to `want` granules of `sp`'s owned blocks, appending their physical granules.

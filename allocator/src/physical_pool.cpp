@@ -27,18 +27,34 @@ void PhysicalPool::put_idle(PhysRef p) {
   ++chunks_.at(p.chunk).idle;
 }
 
-PhysRef PhysicalPool::create(std::size_t granules) {
+PhysRef PhysicalPool::create(std::size_t granules, bool whole) {
   const std::size_t bytes = granules * ctx_.granule;
   if (ctx_.reserved() + bytes > ctx_.limit) return {};
-  const PhysHandle h = ctx_.backend.create_physical(bytes);
+  const PhysHandle h =
+      whole ? ctx_.backend.create_whole_physical(bytes) : ctx_.backend.create_physical(bytes);
   if (h == 0) return {};
   const std::uint32_t id = next_chunk_++;
   Chunk& c = chunks_[id];
   c.handle = h;
+  c.whole = whole;
   c.maps.assign(granules, 0);  // all taken by the caller: none idle
   ++ctx_.stats.num_device_alloc;
   ctx_.add_reserved(Pool::kLarge, std::int64_t(bytes));
   return {id, 0};
+}
+
+void PhysicalPool::discard(std::uint32_t chunk) {
+  auto it = chunks_.find(chunk);
+  const std::size_t bytes = it->second.maps.size() * ctx_.granule;
+  ctx_.backend.release_physical(it->second.handle);
+  ++ctx_.stats.num_device_free;
+  ctx_.add_reserved(Pool::kLarge, -std::int64_t(bytes));
+  chunks_.erase(it);
+}
+
+void PhysicalPool::release_if_idle(std::uint32_t chunk) {
+  const Chunk& c = chunks_.at(chunk);
+  if (c.whole && c.idle == c.maps.size()) discard(chunk);
 }
 
 void PhysicalPool::mapped(PhysRef p) {
@@ -50,7 +66,7 @@ void PhysicalPool::mapped(PhysRef p) {
 void PhysicalPool::unmapped(PhysRef p) {
   Chunk& c = chunks_.at(p.chunk);
   if (--c.maps[p.offset] == 0) {
-    idle_.push_back(p);
+    if (!c.whole) idle_.push_back(p);
     ++c.idle;
   }
 }
@@ -64,7 +80,8 @@ std::size_t PhysicalPool::release_idle_chunks() {
       continue;
     }
     const std::uint32_t id = it->first;
-    idle_.erase(std::remove_if(idle_.begin(), idle_.end(),
+    if (!c.whole)
+      idle_.erase(std::remove_if(idle_.begin(), idle_.end(),
                                [id](const PhysRef& p) { return p.chunk == id; }),
                 idle_.end());
     const std::size_t bytes = c.maps.size() * ctx_.granule;
@@ -85,6 +102,19 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
       if (a->is_mapped(g)) ++seen[{a->phys(g).chunk, a->phys(g).offset}];
     }
   }
+  // Each mapping of a whole chunk must be all of it, in order.
+  for (const Arena* a : arenas) {
+    for (std::size_t g = 0; g < a->high_water(); ++g) {
+      if (!a->is_mapped(g)) continue;
+      const PhysRef p = a->phys(g);
+      const Chunk& c = chunks_.at(p.chunk);
+      if (!c.whole || p.offset != 0) continue;
+      for (std::uint32_t o = 0; o < c.maps.size(); ++o) {
+        if (a->phys(g + o) != PhysRef{p.chunk, o})
+          throw std::logic_error("cuarena invariant violated: a whole chunk mapped in part");
+      }
+    }
+  }
   std::size_t total = 0, idle = 0;
   for (const auto& [id, c] : chunks_) {
     total += c.maps.size();
@@ -98,7 +128,9 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
     }
     if (chunk_idle != c.idle)
       throw std::logic_error("cuarena invariant violated: chunk idle count wrong");
-    idle += chunk_idle;
+    if (!c.whole) idle += chunk_idle;
+    else if (chunk_idle != 0 && chunk_idle != c.maps.size())
+      throw std::logic_error("cuarena invariant violated: a whole chunk partly mapped");
   }
   if (idle != idle_.size())
     throw std::logic_error("cuarena invariant violated: idle list disagrees with map counts");

@@ -6,8 +6,13 @@
 // in the idle list and back the next request before any new chunk is created. A chunk whose
 // granules are all idle can be released to the device.
 //
+// A *whole* chunk (several granules, one backend allocation) is mapped only as a whole, at
+// consecutive virtual granules in order, and unmapped as a whole: it backs a large request where
+// it was created and is never stolen or aliased. It is released when it is mapped nowhere.
+//
 // Invariants kept here: for every granule, maps == number of virtual granules mapping it; a
-// granule is in `idle_` iff maps == 0; chunk.idle == its granules in `idle_`.
+// granule of a chunk that is not whole is in `idle_` iff maps == 0; chunk.idle == its granules
+// with maps == 0; each mapping of a whole chunk covers all its granules, in order.
 #pragma once
 
 #include <cstddef>
@@ -32,8 +37,15 @@ class PhysicalPool {
   PhysRef take_idle();
   void put_idle(PhysRef p);
   /// Creates a chunk of `granules` and marks them all taken. Returns the first granule, or an
-  /// invalid ref when the limit or the device refuses.
-  PhysRef create(std::size_t granules);
+  /// invalid ref when the limit or the device refuses. `whole`: see above.
+  PhysRef create(std::size_t granules, bool whole = false);
+  /// Releases a chunk create() just made that was never mapped (a later step failed).
+  void discard(std::uint32_t chunk);
+  /// Releases a whole chunk that is mapped nowhere (stolen: its bytes are created anew in the
+  /// shape the next request needs, which costs a few calls rather than one per granule).
+  void release_if_idle(std::uint32_t chunk);
+  bool whole(std::uint32_t chunk) const { return chunks_.at(chunk).whole; }
+  std::size_t granules(std::uint32_t chunk) const { return chunks_.at(chunk).maps.size(); }
 
   /// Bookkeeping for one virtual mapping of `p` made or removed. An unmapped granule with no
   /// other mapping becomes idle.
@@ -53,6 +65,7 @@ class PhysicalPool {
     PhysHandle handle = 0;
     std::vector<std::uint32_t> maps;  // per granule
     std::size_t idle = 0;
+    bool whole = false;
   };
   Context& ctx_;
   std::unordered_map<std::uint32_t, Chunk> chunks_;

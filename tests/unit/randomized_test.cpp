@@ -118,6 +118,7 @@ const Scenario kScenarios[] = {
     {"tight", 384 * MiB, 20, "", 3000},
     {"no_slabs_fine_classes", 2 * GiB, 5, "small_limit:512,size_classes_per_doubling:8", 2000},
     {"threshold_half", 1 * GiB, 5, "defrag_threshold:0.5,sweep_interval:3", 2000},
+    {"whole_chunks_tight", 512 * MiB, 10, "whole_chunk_min:4MiB", 3000},
     {"segments_roomy", 8 * GiB, 1, "upstream:malloc", 3000},
     {"segments_tight_laggy", 384 * MiB, 20, "upstream:async", 3000},
 };

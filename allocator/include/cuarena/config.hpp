@@ -29,6 +29,12 @@ struct Config {
   /// granules instead of growing (0.05: up to 5% more memory, far fewer granule moves, each of
   /// which costs ~65 us on an H200). 0 (default): reuse first, always.
   double cache_slack = 0.0;
+  /// Speed over memory. Fresh physical memory for a run of at least this many bytes of one
+  /// request is created as one whole chunk: one cuMemCreate handle, so one create/map/set-access
+  /// call instead of one per 2 MiB granule. A whole chunk never moves; once a free block holds
+  /// all of it, it may be released and its bytes created anew where needed. Fewer driver calls,
+  /// more reserved memory (see allocator/README.md). 0 (default): every granule is movable.
+  std::size_t whole_chunk_min = 0;
   /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
   double per_process_memory_fraction = 1.0;
   /// Reuse a stream's own freed granules for its next request at once, by mapping them at the

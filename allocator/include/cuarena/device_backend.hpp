@@ -48,7 +48,13 @@ class DeviceBackend {
   /// of memory; throws BackendError for any other failure.
   virtual PhysHandle create_physical(std::size_t bytes) = 0;
 
-  /// Releases a chunk from create_physical(); no part of it may still be mapped.
+  /// Creates `bytes` (a granule multiple) of physical memory that the core will only ever map
+  /// whole (offset 0, all bytes, at one address per mapping) and unmap whole, so a backend may
+  /// back it with one allocation (one cuMemCreate handle). Same errors as create_physical().
+  virtual PhysHandle create_whole_physical(std::size_t bytes) { return create_physical(bytes); }
+
+  /// Releases a chunk from create_physical() or create_whole_physical(); no part of it may still
+  /// be mapped.
   virtual void release_physical(PhysHandle chunk) = 0;
 
   /// Maps `bytes` of `chunk` starting `offset` bytes into it at [va, va+bytes), readable and

@@ -30,8 +30,21 @@ struct CudaVmmBackend::Impl {
   // A chunk is one cuMemCreate handle per granule: cuMemMap maps only whole handles (offset 0,
   // full size; seen on the H200 with driver 580: CUDA_ERROR_NOT_SUPPORTED otherwise), and the
   // core maps and unmaps single granules.
-  std::unordered_map<PhysHandle, std::vector<CUmemGenericAllocationHandle>> chunks;
+  struct Chunk {
+    std::vector<CUmemGenericAllocationHandle> handles;  // one per granule, or one for all
+    bool whole = false;
+    std::size_t bytes = 0;
+  };
+  std::unordered_map<PhysHandle, Chunk> chunks;
+  std::unordered_map<DevicePtr, std::size_t> whole_maps;  // address -> bytes, whole mappings
   PhysHandle next_chunk = 1;
+
+  CUmemGenericAllocationHandle create(std::size_t bytes, CUresult& r) {
+    CUmemGenericAllocationHandle h = 0;
+    ++calls;
+    r = api.mem_create(&h, bytes, &prop, 0);
+    return h;
+  }
 };
 
 CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity)
@@ -63,8 +76,8 @@ CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity)
 
 CudaVmmBackend::~CudaVmmBackend() {
   DeviceGuard guard(impl_->device);
-  for (auto& [id, handles] : impl_->chunks) {  // the core releases its chunks; this is a backstop
-    for (auto h : handles) impl_->api.mem_release(h);
+  for (auto& [id, c] : impl_->chunks) {  // the core releases its chunks; this is a backstop
+    for (auto h : c.handles) impl_->api.mem_release(h);
   }
 }
 
@@ -92,22 +105,36 @@ void CudaVmmBackend::release_address(DevicePtr va, std::size_t bytes) {
 PhysHandle CudaVmmBackend::create_physical(std::size_t bytes) {
   Impl& m = *impl_;
   if (m.created + bytes > m.capacity) return 0;
-  std::vector<CUmemGenericAllocationHandle> handles;
-  handles.reserve(bytes / m.granule);
+  Impl::Chunk c;
+  c.bytes = bytes;
+  c.handles.reserve(bytes / m.granule);
   for (std::size_t done = 0; done < bytes; done += m.granule) {
-    CUmemGenericAllocationHandle h = 0;
-    ++m.calls;
-    const CUresult r = m.api.mem_create(&h, m.granule, &m.prop, 0);
+    CUresult r = CUDA_SUCCESS;
+    const CUmemGenericAllocationHandle h = m.create(m.granule, r);
     if (r != CUDA_SUCCESS) {
-      for (auto made : handles) m.api.mem_release(made);
+      for (auto made : c.handles) m.api.mem_release(made);
       if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
       throw BackendError(m.api.describe(r, "cuMemCreate(" + std::to_string(m.granule) + " bytes)"));
     }
-    handles.push_back(h);
+    c.handles.push_back(h);
   }
   m.created += bytes;
   const PhysHandle id = m.next_chunk++;
-  m.chunks.emplace(id, std::move(handles));
+  m.chunks.emplace(id, std::move(c));
+  return id;
+}
+
+PhysHandle CudaVmmBackend::create_whole_physical(std::size_t bytes) {
+  Impl& m = *impl_;
+  if (m.created + bytes > m.capacity) return 0;
+  CUresult r = CUDA_SUCCESS;
+  const CUmemGenericAllocationHandle h = m.create(bytes, r);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
+  if (r != CUDA_SUCCESS)
+    throw BackendError(m.api.describe(r, "cuMemCreate(" + std::to_string(bytes) + " bytes)"));
+  m.created += bytes;
+  const PhysHandle id = m.next_chunk++;
+  m.chunks.emplace(id, Impl::Chunk{{h}, true, bytes});
   return id;
 }
 
@@ -115,18 +142,33 @@ void CudaVmmBackend::release_physical(PhysHandle chunk) {
   Impl& m = *impl_;
   auto it = m.chunks.find(chunk);
   if (it == m.chunks.end()) throw BackendError("cuarena: release_physical of an unknown chunk");
-  for (auto h : it->second) {
+  for (auto h : it->second.handles) {
     ++m.calls;
     cuda::check(m.api.mem_release(h), "cuMemRelease");
   }
-  m.created -= it->second.size() * m.granule;
+  m.created -= it->second.bytes;
   m.chunks.erase(it);
 }
 
 void CudaVmmBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) {
   Impl& m = *impl_;
   const std::size_t g = m.granule;
-  const auto& handles = m.chunks.at(chunk);
+  const Impl::Chunk& c = m.chunks.at(chunk);
+  const auto& handles = c.handles;
+  if (c.whole) {
+    if (offset != 0 || bytes != c.bytes)
+      throw BackendError("cuarena: map of part of a whole chunk (the driver maps handles whole)");
+    ++m.calls;
+    cuda::check(m.api.mem_map(CUdeviceptr(va), bytes, 0, handles.front(), 0), "cuMemMap");
+    ++m.calls;
+    const CUresult r = m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1);
+    if (r != CUDA_SUCCESS) {
+      m.api.mem_unmap(CUdeviceptr(va), bytes);
+      throw BackendError(m.api.describe(r, "cuMemSetAccess(" + std::to_string(bytes) + " bytes)"));
+    }
+    m.whole_maps.emplace(va, bytes);
+    return;
+  }
   std::size_t done = 0;
   for (; done < bytes; done += g) {
     ++m.calls;
@@ -147,9 +189,18 @@ void CudaVmmBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std:
 
 void CudaVmmBackend::unmap(DevicePtr va, std::size_t bytes) {
   Impl& m = *impl_;
-  for (std::size_t done = 0; done < bytes; done += m.granule) {
+  // cuMemUnmap takes whole mappings: one call per whole chunk, one per granule otherwise.
+  for (std::size_t done = 0; done < bytes;) {
+    const DevicePtr at = va + done;
+    std::size_t len = m.granule;
+    if (auto it = m.whole_maps.find(at); it != m.whole_maps.end()) {
+      len = it->second;
+      if (done + len > bytes) throw BackendError("cuarena: unmap of part of a whole chunk's mapping");
+      m.whole_maps.erase(it);
+    }
     ++m.calls;
-    cuda::check(m.api.mem_unmap(CUdeviceptr(va + done), m.granule), "cuMemUnmap");
+    cuda::check(m.api.mem_unmap(CUdeviceptr(at), len), "cuMemUnmap");
+    done += len;
   }
 }
 

@@ -84,6 +84,12 @@ PhysHandle SimBackend::create_physical(std::size_t bytes) {
   return h;
 }
 
+PhysHandle SimBackend::create_whole_physical(std::size_t bytes) {
+  const PhysHandle h = create_physical(bytes);
+  if (h != 0) chunks_.at(h).whole = true;
+  return h;
+}
+
 void SimBackend::release_physical(PhysHandle chunk) {
   auto it = chunks_.find(chunk);
   if (it == chunks_.end()) misuse("release_physical of an unknown chunk");
@@ -99,6 +105,8 @@ void SimBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::siz
   const std::size_t g = options_.granularity;
   if (it == chunks_.end()) misuse("map of an unknown chunk");
   if (offset % g != 0 || offset + bytes > it->second.bytes) misuse("map beyond its chunk");
+  if (it->second.whole && (offset != 0 || bytes != it->second.bytes))
+    misuse("map of part of a whole chunk");
   const std::size_t first = (va - r.base) / g, count = bytes / g;
   for (std::size_t i = first; i < first + count; ++i) {
     if (r.mapped[i] != 0) misuse("map over an already mapped granule");
@@ -116,6 +124,12 @@ void SimBackend::unmap(DevicePtr va, std::size_t bytes) {
   for (std::size_t i = first; i < first + count; ++i) {
     if (r.mapped[i] == 0) misuse("unmap of a granule not mapped");
   }
+  // A whole chunk's mapping must be unmapped entirely: its granules may not straddle the ends.
+  auto whole_at = [&](std::size_t i) { return r.mapped[i] != 0 && chunks_.at(r.mapped[i]).whole; };
+  if ((first > 0 && whole_at(first) && r.mapped[first - 1] == r.mapped[first]) ||
+      (first + count < r.mapped.size() && whole_at(first + count - 1) &&
+       r.mapped[first + count] == r.mapped[first + count - 1]))
+    misuse("unmap of part of a whole chunk's mapping");
   for (std::size_t i = first; i < first + count; ++i) {
     --chunks_.at(r.mapped[i]).mappings;
     r.mapped[i] = 0;

@@ -3,7 +3,7 @@
 // A physical chunk of n granules is n cuMemCreate handles of one granule each (pinned device
 // memory, granularity from cuMemGetAllocationGranularity): cuMemMap maps only whole handles and
 // cuMemUnmap unmaps only whole mappings, while the core maps, aliases and unmaps single
-// granules. Virtual ranges come from cuMemAddressReserve; one cuMemSetAccess covers each mapped
+// granules. A whole chunk (create_whole_physical) is one handle, which the core maps whole. Virtual ranges come from cuMemAddressReserve; one cuMemSetAccess covers each mapped
 // run. Driver entry points are
 // looked up through cudaGetDriverEntryPointByVersion: nothing links libcuda, so an LD_PRELOAD
 // shim cannot recurse into itself. Events are cudaEvent_t with timing disabled, pooled and
@@ -34,6 +34,8 @@ class CudaVmmBackend final : public CudaBackend {
   DevicePtr reserve_address(std::size_t bytes) override;
   void release_address(DevicePtr va, std::size_t bytes) override;
   PhysHandle create_physical(std::size_t bytes) override;
+  /// One cuMemCreate handle for all `bytes`; mapped and unmapped with one call each.
+  PhysHandle create_whole_physical(std::size_t bytes) override;
   void release_physical(PhysHandle chunk) override;
   void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) override;
   void unmap(DevicePtr va, std::size_t bytes) override;

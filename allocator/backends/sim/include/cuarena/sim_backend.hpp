@@ -11,7 +11,7 @@
 // are misuse.
 //
 // It also checks its caller: mapping over a mapped granule, unmapping an unmapped one, releasing
-// a chunk still mapped, or using an unknown event throws std::logic_error, so a policy bug
+// a chunk still mapped, mapping or unmapping part of a whole chunk, or using an unknown event throws std::logic_error, so a policy bug
 // cannot pass silently.
 #pragma once
 
@@ -40,6 +40,7 @@ class SimBackend final : public DeviceBackend {
   DevicePtr reserve_address(std::size_t bytes) override;
   void release_address(DevicePtr va, std::size_t bytes) override;
   PhysHandle create_physical(std::size_t bytes) override;
+  PhysHandle create_whole_physical(std::size_t bytes) override;
   void release_physical(PhysHandle chunk) override;
   void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) override;
   void unmap(DevicePtr va, std::size_t bytes) override;
@@ -77,6 +78,7 @@ class SimBackend final : public DeviceBackend {
   struct Chunk {
     std::size_t bytes;
     std::size_t mappings = 0;  // granule mappings of this chunk, over all addresses
+    bool whole = false;        // mapped and unmapped only as a whole
   };
   Range& range_of(DevicePtr va, std::size_t bytes, const char* op);
   DevicePtr reserve(std::size_t bytes);
