@@ -12,10 +12,15 @@
 //                               request is served from cache); slabs/iter: slabs created per
 //                               pair (1 when each free empties a slab and the next allocate
 //                               builds a new one).
-//   BM_MixedSizes               the alloc / free_completed stream of the gpt2_train trace through
-//                               one long-lived Allocator, one full pass per iteration (blocks left
-//                               live at the end of the trace are freed in the pass). Time per
-//                               pass; items/s = allocator calls/s.
+//   BM_MixedSizes/<trace>/<cfg> the alloc / free_completed stream of a trace through one
+//                               long-lived Allocator, one full pass per iteration (blocks left
+//                               live at the end of the trace are freed in the pass), after one
+//                               warm-up pass: the steady state of a training loop. Time per
+//                               pass; items/s = allocator calls/s. Counters per pass (steady
+//                               state): moved = granules stolen + aliased, maps / unmaps =
+//                               backend map/unmap calls, creates = chunks created; ratio = peak
+//                               reserved / peak requested over all passes. <cfg> is the default
+//                               or whole_chunk_min:8MiB (the speed setting).
 //   BM_SimReplay/<trace>        replay::replay_cuarena() over a whole trace with SimOptions{},
 //                               exactly what `cuarena replay --backend sim` does per device
 //                               (including its second partial run that measures fragmentation at
@@ -190,15 +195,15 @@ OpStream compile_ops(const std::string& trace_name) {
   return out;
 }
 
-void BM_MixedSizes(benchmark::State& state) {
-  static const OpStream stream = compile_ops("gpt2_train");
+void BM_MixedSizes(benchmark::State& state, const char* trace_name, const char* config) {
+  const OpStream stream = compile_ops(trace_name);
   if (!stream.error.empty()) {
     state.SkipWithError(stream.error.c_str());
     return;
   }
   SimBackend sim;
   try {
-    Allocator alloc(sim);
+    Allocator alloc(sim, cuarena::Config::parse(config));
     std::vector<void*> slots(stream.trace.slots, nullptr);
     auto pass = [&] {
       for (const cuarena::bench::TraceOp& op : stream.trace.ops) {
@@ -208,9 +213,21 @@ void BM_MixedSizes(benchmark::State& state) {
       }
     };
     pass();  // warm-up: fill the cache, so passes are timed in steady state
+    const cuarena::Stats before = alloc.stats();
 
     for (auto _ : state) pass();
 
+    const cuarena::Stats after = alloc.stats();
+    const double passes = double(state.iterations());
+    auto per_pass = [&](std::int64_t a, std::int64_t b) { return double(b - a) / passes; };
+    state.counters["moved"] =
+        per_pass(before.granules_stolen + before.granules_aliased, after.granules_stolen + after.granules_aliased);
+    state.counters["maps"] = per_pass(before.map_calls, after.map_calls);
+    state.counters["unmaps"] = per_pass(before.unmap_calls, after.unmap_calls);
+    state.counters["creates"] = per_pass(before.num_device_alloc, after.num_device_alloc);
+    const int all = static_cast<int>(cuarena::Pool::kAll);
+    state.counters["ratio"] =
+        double(after.reserved_bytes[all].peak) / double(after.requested_bytes[all].peak);
     state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(stream.trace.ops.size()));
     state.SetLabel(stream.label);
     check_clean(state, alloc);
@@ -218,7 +235,15 @@ void BM_MixedSizes(benchmark::State& state) {
     state.SkipWithError(e.what());
   }
 }
-BENCHMARK(BM_MixedSizes)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MixedSizes, gpt2_train, "gpt2_train", "")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MixedSizes, gpt2_train_speed, "gpt2_train", "whole_chunk_min:8MiB")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MixedSizes, moe_train, "moe_train", "")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MixedSizes, moe_train_speed, "moe_train", "whole_chunk_min:8MiB")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MixedSizes, resnet50_amp, "resnet50_amp", "")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MixedSizes, resnet50_amp_speed, "resnet50_amp", "whole_chunk_min:8MiB")
+    ->Unit(benchmark::kMillisecond);
 
 // ---------------------------------------------------------------------------------------------
 // BM_SimReplay/<trace>: end-to-end replay throughput of the simulator, per recorded trace.
