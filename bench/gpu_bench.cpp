@@ -1,12 +1,13 @@
 // cuarena_gpu_bench: allocator speed on a real GPU, every allocator in the same run.
 //
 // Allocators (the names in the benchmark names and labels):
-//   cuarena       cuarena::Allocator over CudaVmmBackend(0), configured by $CUARENA_CONF (default
-//                 when unset), via replay::make_cuarena_gpu
+//   cuarena       cuarena::Allocator over the CUDA backend of the configured upstream (vmm unless
+//                 $CUARENA_CONF says otherwise) on device 0, via replay::make_cuarena_gpu
 //   cuda-async    cudaMallocFromPoolAsync / cudaFreeAsync on a private pool with release threshold
 //                 UINT64_MAX, via replay::make_cuda_async
-//   cub           cub::CachingDeviceAllocator, CUB's default configuration (cub_adapter.hpp: bins
-//                 up to 2 MiB, ~6 MiB cached; larger blocks are cudaMalloc'd / cudaFree'd per call)
+//   cub           cub::CachingDeviceAllocator, CUB's default configuration (bins up to 2 MiB,
+//                 ~6 MiB cached; larger blocks are cudaMalloc'd / cudaFree'd per call), via
+//                 replay::make_cub (tools/replay/src/cub_caching.hpp)
 //   torch-native  PyTorch's CUDACachingAllocator (raw_alloc_with_stream / raw_delete), only in a
 //                 build with -DCUARENA_WITH_TORCH=ON (torch_adapter.hpp). Its mode comes from
 //                 PYTORCH_CUDA_ALLOC_CONF; the label shows it when that is set.
@@ -61,7 +62,7 @@
 #include <utility>
 #include <vector>
 
-#include "cub_adapter.hpp"
+#include "cub_caching.hpp"
 #include "cuarena/config.hpp"
 #include "gpu_replay.hpp"
 #include "trace_ops.hpp"
@@ -94,28 +95,6 @@ void check_cuda(cudaError_t err, const char* what) {
 // Every allocate/deallocate below is safe to call from several host threads at once (the
 // Threads benchmark relies on it): cuarena and CUB lock their own mutex, the CUDA runtime and
 // PyTorch's allocator are thread-safe.
-
-class CubGpu final : public GpuAllocator {
- public:
-  std::string name() const override { return "cub"; }
-  void* allocate(std::size_t bytes, void* stream) override {
-    void* p = nullptr;
-    const cudaError_t err = cub_.allocate(&p, bytes, static_cast<cudaStream_t>(stream));
-    if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // clear the out-of-memory error
-      return nullptr;
-    }
-    check_cuda(err, "cub::CachingDeviceAllocator::DeviceAllocate");
-    return p;
-  }
-  void deallocate(void* ptr, std::size_t, void*) override {
-    check_cuda(cub_.deallocate(ptr), "cub::CachingDeviceAllocator::DeviceFree");
-  }
-  std::size_t reserved_bytes() override { return cub_.reserved_bytes(kDevice); }
-
- private:
-  cuarena::bench::CubCachingAllocator cub_;
-};
 
 #ifdef CUARENA_BENCH_TORCH
 namespace torch_native = cuarena::bench::torch_native;
@@ -182,8 +161,7 @@ std::vector<AllocatorKind> allocator_kinds() {
   kinds.push_back(
       {"cuda-async", "cuda-async", [] { return replay::make_cuda_async(kDevice); }});
   kinds.push_back({"cub", "cub", [] {
-                     check_cuda(cudaSetDevice(kDevice), "cudaSetDevice");
-                     return std::unique_ptr<GpuAllocator>(std::make_unique<CubGpu>());
+                     return replay::make_cub(kDevice, replay::kCubDefaultMaxCachedBytes);
                    }});
 #ifdef CUARENA_BENCH_TORCH
   const std::string torch_conf = env("PYTORCH_CUDA_ALLOC_CONF");

@@ -5,8 +5,12 @@
 # through cuarena and the alternatives. Ends with a line "N passed, N failed".
 #
 # Build dependencies come from the system or, where it lacks them, from Debian packages placed
-# in .deps/ (see tools/fetch-gpu-deps.sh), unpacked under /opt/cuarena-deps.
-# Logs go to $OUT (or ./gpu-test-out).
+# in .deps/ (see tools/fetch-gpu-deps.sh), unpacked under /opt/cuarena-deps. RMM (the rmm-pool
+# and rmm-arena replay rows) comes from the wheels in .deps/wheels (tools/replay/README.md),
+# unpacked into /opt/cuarena-deps/rmm; without them those rows are skipped.
+# Logs go to $OUT (or ./gpu-test-out). CUARENA_GPU_PART=1 runs the build and the tests only,
+# CUARENA_GPU_PART=2 the build (incremental) and the replays and benchmarks only (each part fits
+# one 10-minute device call); unset runs everything.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-test-out}
@@ -33,35 +37,58 @@ if ls .deps/*.deb >/dev/null 2>&1; then
   export LD_LIBRARY_PATH=/opt/cuarena-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 python=$(command -v python3)
+rmm_root=
+if ls .deps/wheels/*.whl >/dev/null 2>&1; then
+  rmm_root=/opt/cuarena-deps/rmm
+  mkdir -p "$rmm_root"
+  for f in .deps/wheels/*.whl; do "$python" -m zipfile -e "$f" "$rmm_root"; done
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
 "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >>"$out/gpu.txt" 2>&1
 nvcc --version | tail -2 >>"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 
 step build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCUARENA_WITH_TORCH=ON -DPython3_EXECUTABLE=$python \
+  -DCUARENA_WITH_TORCH=ON -DPython3_EXECUTABLE=$python -DCUARENA_RMM_ROOT=$rmm_root \
   -DZLIB_ROOT=/opt/cuarena-deps/usr && cmake --build build-gpu -j 16"
 if [ ! -x build-gpu/bin/gpu_tests ]; then
   echo "$passed passed, $((failed + 1)) failed"
   exit 1
 fi
+part=${CUARENA_GPU_PART:-all}
+if [ "$part" != 2 ]; then
 step gpu_tests build-gpu/bin/gpu_tests --gtest_output=json:"$out/gpu_tests.json"
 grep -h "gpu-replay" "$out/gpu_tests.log" || true
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
   build-gpu/bin/gpu_tests --gtest_filter='CudaVmmBackend.*:CudaSegmentBackends.*:Upstreams/CudaAllocator.BlocksHold*:Upstreams/CudaAllocator.MultiThread*'
 step core_tests build-gpu/bin/core_tests
+fi
+if [ "$part" != 1 ]; then
 step replay_verify bash -c "build-gpu/bin/cuarena replay tests/data/traces/*.pickle.gz \
   --backend sim,cuda --verify --json $out/gpu_replay.json && \
   $python -c \"import json,sys; rs=json.load(open('$out/gpu_replay.json'))['results']; \
 bad=[(r['trace'],r['allocator']) for r in rs if r.get('counters',{}).get('verify_failures',0)]; \
 print('verify failures:', bad); sys.exit(1 if bad else 0)\""
-cat "$out/replay_verify.log" | head -60
+cat "$out/replay_verify.log" | head -90
+# The speed setting (allocator/README.md): fewer driver calls for more memory.
+step replay_speed build-gpu/bin/cuarena replay tests/data/traces/*.pickle.gz --backend sim,cuda \
+  --allocator cuarena --config whole_chunk_min:8MiB --verify --json "$out/gpu_replay_speed.json"
+grep -E "cuarena" "$out/replay_speed.log" | head -12
+step replay_min_capacity bash -c "build-gpu/bin/cuarena replay \
+  tests/data/traces/bert_varlen_infer.pickle.gz --backend cuda --min-capacity \
+  --json $out/gpu_min_capacity.json && \
+  $python -c \"import json,sys; rs=json.load(open('$out/gpu_min_capacity.json'))['results']; \
+g=2<<20; bad=[r['allocator'] for r in rs if r['backend'] == 'cuda' and \
+r.get('min_capacity_bytes', 0) < r['peak_requested_bytes'] // g * g]; \
+print('rows without a plausible min capacity:', bad); sys.exit(1 if bad else 0)\""
+cat "$out/replay_min_capacity.log" | head -30
 step vmm_costs build-gpu/bin/cuarena_vmm_costs
 cat "$out/vmm_costs.log"
 if [ "${CUARENA_GPU_BENCH:-1}" = 1 ]; then
   step gpu_bench build-gpu/bin/cuarena_gpu_bench --benchmark_min_time=0.2 \
     --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json
   grep -E "^(AllocFree|MixedTrace|Threads)" "$out/gpu_bench.log" | cut -c1-140
+fi
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -5,6 +5,7 @@ import gzip
 import json
 import os
 import pickle
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -194,6 +195,14 @@ def bad_inputs(tmp_path):
         "verify_without_gpu_backend": ([TRACES / "resnet50_amp.pickle.gz", "--verify"], "--verify"),
         "torch_allocator_on_sim": ([TRACES / "resnet50_amp.pickle.gz", "--allocator", "torch-native"],
                                    "torch-native"),
+        "rmm_allocator_on_sim": ([TRACES / "resnet50_amp.pickle.gz", "--allocator", "rmm-pool"],
+                                 "rmm-pool"),
+        "cub_allocator_on_sim": ([TRACES / "resnet50_amp.pickle.gz", "--allocator", "cuarena,cub"],
+                                 "cub"),
+        "cuarena_upstream_row_on_sim": ([TRACES / "resnet50_amp.pickle.gz", "--allocator",
+                                         "cuarena-async"], "cuarena-async"),
+        "unknown_allocator": ([TRACES / "resnet50_amp.pickle.gz", "--allocator", "rmm-binning"],
+                              "rmm-binning"),
     }
 
 
@@ -201,7 +210,9 @@ def bad_inputs(tmp_path):
                                   "negative_size", "truncated_cuat", "directory", "unknown_option",
                                   "bad_capacity", "negative_capacity", "bad_config_key",
                                   "bad_config_value", "bad_backend", "verify_without_gpu_backend",
-                                  "torch_allocator_on_sim"])
+                                  "torch_allocator_on_sim", "rmm_allocator_on_sim",
+                                  "cub_allocator_on_sim", "cuarena_upstream_row_on_sim",
+                                  "unknown_allocator"])
 def test_bad_input_is_one_clear_line(case, tmp_path):
     args, named = bad_inputs(tmp_path)[case]
     proc = run("replay", *args)
@@ -237,3 +248,15 @@ def test_gpu_backend_without_a_gpu_says_so(tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cuarena: error: --backend cuda: "), lines
+
+
+def test_gpu_min_capacity_is_not_refused_for_want_of_the_simulator(tmp_path):
+    # --min-capacity works with --backend cuda alone now; without a GPU the only complaint is that.
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine may have a GPU: a full GPU capacity search is too slow here")
+    proc = run("replay", TRACES / "bert_varlen_infer.pickle.gz", "--backend", "cuda",
+               "--min-capacity")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cuarena: error: --backend cuda"), lines
+    assert "--min-capacity" not in lines[0]

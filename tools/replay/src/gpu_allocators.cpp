@@ -1,14 +1,17 @@
 // The allocators `cuarena replay --backend cuda` compares, other than PyTorch's (which run in
-// their own process: torch_replay.cpp).
+// their own process: torch_replay.cpp) and RMM's (rmm_allocators.cpp).
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 
+#include "cub_caching.hpp"
 #include "cuarena/allocator.hpp"
-#include "cuarena/cuda_vmm_backend.hpp"
+#include "cuarena/cuda_backend.hpp"
 #include "cuda_check.hpp"
+#include "gpu_capacity.hpp"
 #include "gpu_replay.hpp"
 
 namespace cuarena::replay {
@@ -17,8 +20,11 @@ namespace {
 
 class CuarenaGpu final : public GpuAllocator {
  public:
-  CuarenaGpu(int device, const Config& config) : backend_(device), alloc_(backend_, config) {}
-  std::string name() const override { return "cuarena"; }
+  CuarenaGpu(std::string name, int device, const Config& config, std::size_t capacity)
+      : name_(std::move(name)),
+        backend_(make_cuda_backend(config.upstream, device, capacity)),
+        alloc_(*backend_, config) {}
+  std::string name() const override { return name_; }
   void* allocate(std::size_t bytes, void* stream) override {
     try {
       return alloc_.allocate(bytes, reinterpret_cast<StreamId>(stream));
@@ -32,7 +38,7 @@ class CuarenaGpu final : public GpuAllocator {
   }
   std::map<std::string, std::int64_t> counters() override {
     const Stats s = alloc_.stats();
-    return {{"driver_calls", std::int64_t(backend_.driver_calls())},
+    return {{"driver_calls", std::int64_t(backend_->driver_calls())},
             {"map_calls", s.map_calls},
             {"unmap_calls", s.unmap_calls},
             {"num_device_alloc", s.num_device_alloc},
@@ -41,9 +47,11 @@ class CuarenaGpu final : public GpuAllocator {
             {"events_recorded", s.events_recorded},
             {"num_sync_all_streams", s.num_sync_all_streams}};
   }
+  void release_cache() override { alloc_.release_cached(); }
 
  private:
-  CudaVmmBackend backend_;
+  std::string name_;
+  std::unique_ptr<CudaBackend> backend_;  // before alloc_: outlives it
   Allocator alloc_;
 };
 
@@ -113,9 +121,41 @@ class CudaAsync final : public GpuAllocator {
           "cudaMemPoolGetAttribute(ReservedMemCurrent)");
     return std::size_t(v);
   }
+  // The frees just enqueued must have completed before the pool can hand their memory back.
+  void release_cache() override {
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check_cuda(cudaMemPoolTrimTo(pool_, 0), "cudaMemPoolTrimTo");
+  }
 
  private:
   cudaMemPool_t pool_ = nullptr;
+};
+
+class CubGpu final : public GpuAllocator {
+ public:
+  CubGpu(int device, std::size_t max_cached_bytes) : device_(device), cub_(max_cached_bytes) {}
+  std::string name() const override { return "cub"; }
+  void* allocate(std::size_t bytes, void* stream) override {
+    void* p = nullptr;
+    const cudaError_t err = cub_.allocate(&p, bytes, static_cast<cudaStream_t>(stream));
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear the out-of-memory error
+      return nullptr;
+    }
+    check_cuda(err, "cub::CachingDeviceAllocator::DeviceAllocate");
+    return p;
+  }
+  void deallocate(void* ptr, std::size_t, void*) override {
+    check_cuda(cub_.deallocate(ptr), "cub::CachingDeviceAllocator::DeviceFree");
+  }
+  std::size_t reserved_bytes() override { return cub_.reserved_bytes(device_); }
+  void release_cache() override {
+    check_cuda(cub_.release_cached(), "cub::CachingDeviceAllocator::FreeAllCached");
+  }
+
+ private:
+  int device_;
+  CubCachingAllocator cub_;
 };
 
 }  // namespace
@@ -133,21 +173,39 @@ std::string gpu_unavailable_reason(int device) {
   return "";
 }
 
-std::unique_ptr<GpuAllocator> make_cuarena_gpu(int device, const Config& config) {
-  if (config.upstream != Upstream::kVmm) {
-    // Refuse rather than silently measure a different upstream than the one asked for.
-    throw ConfigError("cuarena config: upstream:" +
-                      std::string(config.upstream == Upstream::kAsync ? "async" : "malloc") +
-                      " is not implemented yet; only upstream:vmm is");
-  }
+std::unique_ptr<GpuAllocator> make_cuarena_gpu(int device, const Config& config,
+                                               std::size_t capacity, const std::string& name) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  return std::make_unique<CuarenaGpu>(device, config);
+  return std::make_unique<CuarenaGpu>(name, device, config, capacity);
 }
 std::unique_ptr<GpuAllocator> make_cuda_malloc(int device) {
   return std::make_unique<CudaMalloc>(device);
 }
 std::unique_ptr<GpuAllocator> make_cuda_async(int device) {
   return std::make_unique<CudaAsync>(device);
+}
+std::unique_ptr<GpuAllocator> make_cub(int device, std::size_t max_cached_bytes) {
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  return std::make_unique<CubGpu>(device, max_cached_bytes);
+}
+
+std::unique_ptr<GpuAllocator> make_gpu_allocator(const std::string& name, int device,
+                                                 const Config& config, std::uint64_t limit) {
+  if (name == "cuarena" || name == "cuarena-async" || name == "cuarena-malloc") {
+    Config c = config;
+    if (name == "cuarena-async") c.upstream = Upstream::kAsync;
+    if (name == "cuarena-malloc") c.upstream = Upstream::kMalloc;
+    return make_cuarena_gpu(device, c, std::size_t(limit), name);
+  }
+  if (name == "rmm-pool" || name == "rmm-arena") return make_rmm(name, device, limit);
+  std::unique_ptr<GpuAllocator> raw;
+  if (name == "cuda-malloc") raw = make_cuda_malloc(device);
+  else if (name == "cuda-async") raw = make_cuda_async(device);
+  // No cache limit: CUB's default (6 MiB) would cudaFree most freed blocks at once, measuring
+  // cudaMalloc rather than a cache. Blocks above 2 MiB (the largest bin) are never cached.
+  else if (name == "cub") raw = make_cub(device, SIZE_MAX);
+  else throw ConfigError("GPU replay: unknown allocator '" + name + "'");
+  return limit > 0 ? limit_reserved(std::move(raw), limit) : std::move(raw);
 }
 
 }  // namespace cuarena::replay

@@ -84,6 +84,7 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
       alloc_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
       if (p == nullptr) {
         ++r.ooms;
+        if (options.stop_at_oom) break;
         continue;
       }
       const std::uint64_t tag = next_tag++;

@@ -15,6 +15,7 @@
 #include "process.hpp"
 #include "report.hpp"
 #ifdef CUARENA_HAVE_CUDA
+#include "gpu_capacity.hpp"
 #include "gpu_replay.hpp"
 #endif
 
@@ -26,8 +27,13 @@ namespace {
 constexpr const char* kNoCudaSupport =
     "--backend cuda: this build has no CUDA support (no CUDA toolkit at configure time)";
 
-const std::vector<std::string> kGpuAllocators = {"cuarena",      "torch-native", "torch-expandable",
-                                                 "torch-async",  "cuda-malloc",  "cuda-async"};
+// Every GPU row, in report order.
+const std::vector<std::string> kGpuAllocators = {
+    "cuarena",     "cuarena-async", "cuarena-malloc", "torch-native", "torch-expandable",
+    "torch-async", "cuda-malloc",   "cuda-async",     "cub",          "rmm-pool",
+    "rmm-arena"};
+
+bool is_rmm(const std::string& name) { return name.rfind("rmm-", 0) == 0; }
 
 struct ReplayArgs {
   std::vector<std::string> traces;
@@ -61,6 +67,7 @@ std::optional<Result> replay_torch(const std::string& trace, const std::string& 
   close(fd);
   std::vector<std::string> argv = {exe, trace, mode, tmpl, "--device", std::to_string(a.device)};
   if (a.verify) argv.push_back("--verify");
+  if (a.min_capacity) argv.push_back("--min-capacity");
   std::string err;
   const int rc = run_process(argv, {"PYTORCH_CUDA_ALLOC_CONF=" + conf}, err);
   if (rc != 0) {
@@ -77,6 +84,34 @@ std::optional<Result> replay_torch(const std::string& trace, const std::string& 
   return results.at(0);
 }
 
+#ifdef CUARENA_HAVE_CUDA
+// --min-capacity for an in-process GPU row: each probe builds the allocator held to the limit.
+std::optional<std::uint64_t> gpu_row_min_capacity(const std::string& trace,
+                                                  const std::vector<Event>& events,
+                                                  const std::string& allocator, const Result& r,
+                                                  int device, const Config& config) {
+  if (r.ooms > 0) {
+    std::cerr << "cuarena replay: " << trace << ": " << allocator
+              << ": no min capacity: it ran out of memory even without a limit\n";
+    return std::nullopt;
+  }
+  auto fits = [&](std::uint64_t limit) {
+    std::unique_ptr<GpuAllocator> held;
+    try {
+      held = make_gpu_allocator(allocator, device, config, limit);
+    } catch (const OutOfMemoryError&) {  // the limit cannot even be set up (rmm-arena)
+      return false;
+    }
+    return replays_within(events, *held, device);
+  };
+  auto found = gpu_min_capacity(events, device, r.peak_reserved_bytes, fits);
+  if (!found)
+    std::cerr << "cuarena replay: " << trace << ": " << allocator
+              << ": no min capacity: no limit up to the device's memory replays it\n";
+  return found;
+}
+#endif
+
 std::optional<Result> replay_one_gpu(const std::string& path, const std::vector<Event>& events,
                                      const std::string& allocator, const ReplayArgs& a,
                                      const Config& config, bool asked_for) {
@@ -85,12 +120,16 @@ std::optional<Result> replay_one_gpu(const std::string& path, const std::vector<
   GpuReplayOptions options;
   options.verify = a.verify;
   options.device = a.device;
-  std::unique_ptr<GpuAllocator> impl = allocator == "cuarena"       ? make_cuarena_gpu(a.device, config)
-                                       : allocator == "cuda-malloc" ? make_cuda_malloc(a.device)
-                                                                    : make_cuda_async(a.device);
-  return replay_gpu(events, *impl, options);
+  Result r;
+  {  // destroyed before the capacity search, so its memory is back on the device
+    std::unique_ptr<GpuAllocator> impl = make_gpu_allocator(allocator, a.device, config);
+    r = replay_gpu(events, *impl, options);
+  }
+  if (a.min_capacity)
+    r.min_capacity_bytes = gpu_row_min_capacity(path, events, allocator, r, a.device, config);
+  return r;
 #else
-  (void)path, (void)events, (void)config;
+  (void)path, (void)events, (void)config, (void)asked_for;
   throw ConfigError(kNoCudaSupport);
 #endif
 }
@@ -126,12 +165,23 @@ int run_replay(ReplayArgs a) {
       throw ConfigError("--allocator " + name + " needs --backend cuda");
   }
   if (a.verify && !gpu) throw ConfigError("--verify needs --backend cuda (it tags real memory)");
-  if (a.min_capacity && !on_sim)
-    throw ConfigError("--min-capacity searches on the simulator: add --backend sim");
   if (gpu) {
 #ifdef CUARENA_HAVE_CUDA
     const std::string why = gpu_unavailable_reason(a.device);
     if (!why.empty()) throw ConfigError("--backend cuda: " + why);
+    const std::string no_rmm = rmm_unavailable_reason();
+    if (!no_rmm.empty()) {  // asked for: an error; by default: one note, and the rows go
+      std::vector<std::string> kept, dropped;
+      for (const auto& name : a.allocators) (is_rmm(name) ? dropped : kept).push_back(name);
+      if (!dropped.empty() && explicit_allocators)
+        throw ConfigError("--allocator " + dropped[0] + ": " + no_rmm);
+      if (!dropped.empty()) {
+        std::cerr << "cuarena replay: " << dropped[0];
+        for (std::size_t i = 1; i < dropped.size(); ++i) std::cerr << ", " << dropped[i];
+        std::cerr << ": skipped: " << no_rmm << '\n';
+      }
+      a.allocators = kept;
+    }
 #else
     throw ConfigError(kNoCudaSupport);
 #endif
@@ -209,19 +259,25 @@ int main(int argc, char** argv) {
   allocator_names.insert(kGpuAllocators.begin(), kGpuAllocators.end());
   replay
       ->add_option("--allocator", ra.allocators,
-                   "Allocators: recorded, cuarena; with --backend cuda also torch-native, "
-                   "torch-expandable, torch-async, cuda-malloc, cuda-async (default: all that apply)")
+                   "Allocators: recorded, cuarena; with --backend cuda also cuarena-async, "
+                   "cuarena-malloc (cuarena over upstream async / malloc; cuarena uses the "
+                   "configured upstream), torch-native, torch-expandable, torch-async (PyTorch, "
+                   "if built with it), cuda-malloc, cuda-async, cub, rmm-pool, rmm-arena (if "
+                   "built with RMM) (default: all that apply)")
       ->delimiter(',')
       ->check(CLI::IsMember(allocator_names));
   replay
       ->add_option("--backend", ra.backends,
-                   "Device for cuarena: sim (simulated, default), cuda (this machine's GPU), or both")
+                   "Device: sim (cuarena on a simulated device, default), cuda (every allocator "
+                   "on this machine's GPU), or both")
       ->delimiter(',')
       ->check(CLI::IsMember({"sim", "cuda"}));
   replay->add_option("--capacity", ra.capacity,
                      "Device capacity for the simulator (80GiB, 512MiB, bytes); default 143771 MiB");
   replay->add_flag("--min-capacity", ra.min_capacity,
-                   "Binary-search the smallest capacity that replays without out-of-memory (sim)");
+                   "Binary-search the smallest capacity (a multiple of 2 MiB) that replays "
+                   "without out-of-memory: sim: cuarena on the simulator; cuda: every GPU row, "
+                   "held to each probed limit (one full replay per probe, slow)");
   replay->add_flag("--verify", ra.verify,
                    "GPU: tag every block with a kernel and check the tag before it is freed");
   replay->add_option("--device", ra.device, "GPU: CUDA device ordinal (default 0)");

@@ -194,6 +194,7 @@ SimBackend::Options sim_options(const SimOptions& o) {
   else if (o.config.sim_capacity) so.capacity = o.config.sim_capacity;
   so.granularity = o.config.sim_granularity;
   so.event_latency = o.config.sim_event_latency;
+  so.segments = o.config.upstream != Upstream::kVmm;  // async/malloc: the segment upstream path
   return so;
 }
 

@@ -1,16 +1,21 @@
-// `cuarena_torch_replay TRACE NAME JSON [--verify] [--device N]`: replays a trace through
-// PyTorch's own CUDA caching allocator (libc10_cuda from the installed torch), in a process of
-// its own so that PYTORCH_CUDA_ALLOC_CONF (read once, at load) selects the mode: `cuarena replay
-// --backend cuda` runs it as torch-native (""), torch-expandable ("expandable_segments:True")
-// and torch-async ("backend:cudaMallocAsync"). Writes one result to JSON; exit 2 on bad input.
+// `cuarena_torch_replay TRACE NAME JSON [--verify] [--device N] [--min-capacity]`: replays a
+// trace through PyTorch's own CUDA caching allocator (libc10_cuda from the installed torch), in a
+// process of its own so that PYTORCH_CUDA_ALLOC_CONF (read once, at load) selects the mode:
+// `cuarena replay --backend cuda` runs it as torch-native (""), torch-expandable
+// ("expandable_segments:True") and torch-async ("backend:cudaMallocAsync"). Writes one result to
+// JSON; exit 2 on bad input. --min-capacity then also searches the smallest limit that replays
+// without out-of-memory (min_capacity() below says how each mode is held to a limit).
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 
+#include "gpu_capacity.hpp"
 #include "gpu_replay.hpp"
 #include "report.hpp"
 
@@ -46,22 +51,60 @@ class TorchGpu final : public GpuAllocator {
             {"num_alloc_retries", s.num_alloc_retries},
             {"torch_reserved_peak", s.reserved_bytes[0].peak}};
   }
+  void release_cache() override {
+    if (cudaDeviceSynchronize() != cudaSuccess)
+      throw std::runtime_error("cudaDeviceSynchronize failed");
+    cca::emptyCache();
+  }
 
  private:
   std::string name_;
   int device_;
 };
 
+// torch-native and torch-expandable: PyTorch's own limit, setMemoryFraction(limit / total), which
+// caps reserved bytes (segments; for expandable segments the whole block size is checked, so it
+// may over-estimate). torch-async: its fraction caps allocated bytes, not reserved, so
+// limit_reserved() holds it instead (emptyCache syncs and trims the pool).
+std::optional<std::uint64_t> min_capacity(const std::vector<cuarena::replay::Event>& events,
+                                          TorchGpu& allocator, const Result& r, int device) {
+  if (r.ooms > 0) return std::nullopt;
+  std::size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess)
+    throw std::runtime_error("cudaMemGetInfo failed");
+  const auto dev = c10::DeviceIndex(device);
+  allocator.release_cache();  // what the unlimited replay cached must not count against a probe
+  auto fits = [&](std::uint64_t limit) {
+    bool ok = false;
+    if (allocator.name() == "torch-async") {
+      auto held = limit_reserved(allocator, limit);
+      ok = replays_within(events, *held, device);
+    } else {
+      // +4 KiB: PyTorch truncates fraction * total, and segments are 2 MiB multiples.
+      cca::setMemoryFraction(std::min(1.0, (double(limit) + 4096.0) / double(total)), dev);
+      ok = replays_within(events, allocator, device);
+    }
+    allocator.release_cache();
+    return ok;
+  };
+  auto found = gpu_min_capacity(events, device, r.peak_reserved_bytes, fits);
+  cca::setMemoryFraction(1.0, dev);
+  return found;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::cerr << "usage: cuarena_torch_replay TRACE NAME JSON [--verify] [--device N]\n";
+    std::cerr << "usage: cuarena_torch_replay TRACE NAME JSON [--verify] [--device N] "
+                 "[--min-capacity]\n";
     return 2;
   }
   GpuReplayOptions options;
+  bool search = false;
   for (int i = 4; i < argc; ++i) {
     if (std::strcmp(argv[i], "--verify") == 0) options.verify = true;
+    else if (std::strcmp(argv[i], "--min-capacity") == 0) search = true;
     else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc) options.device = std::atoi(argv[++i]);
     else {
       std::cerr << "cuarena_torch_replay: error: unknown argument " << argv[i] << '\n';
@@ -72,6 +115,7 @@ int main(int argc, char** argv) {
     const auto events = device_events(load_trace(argv[1]), options.device);
     TorchGpu allocator(argv[2], options.device);
     Result r = replay_gpu(events, allocator, options);
+    if (search) r.min_capacity_bytes = min_capacity(events, allocator, r, options.device);
     r.trace = trace_name(argv[1]);
     write_json(argv[3], {r});
   } catch (const TraceError& e) {

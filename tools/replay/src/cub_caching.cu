@@ -1,15 +1,19 @@
-// cub::CachingDeviceAllocator for cuarena_gpu_bench (see cub_adapter.hpp). Host code only.
+// cub::CachingDeviceAllocator behind CubCachingAllocator (see cub_caching.hpp). Host code only.
 #include <cub/util_allocator.cuh>
 
-#include "cub_adapter.hpp"
+#include "cub_caching.hpp"
 
-namespace cuarena::bench {
+namespace cuarena::replay {
 
 struct CubCachingAllocator::Impl {
-  cub::CachingDeviceAllocator cub;  // default configuration; FreeAllCached() on destruction
+  explicit Impl(std::size_t max_cached_bytes)
+      : cub(/*bin_growth=*/8, /*min_bin=*/3, /*max_bin=*/7, max_cached_bytes,
+            /*skip_cleanup=*/false) {}
+  cub::CachingDeviceAllocator cub;  // FreeAllCached() on destruction
 };
 
-CubCachingAllocator::CubCachingAllocator() : impl_(std::make_unique<Impl>()) {}
+CubCachingAllocator::CubCachingAllocator(std::size_t max_cached_bytes)
+    : impl_(std::make_unique<Impl>(max_cached_bytes)) {}
 
 CubCachingAllocator::~CubCachingAllocator() = default;
 
@@ -19,6 +23,8 @@ cudaError_t CubCachingAllocator::allocate(void** ptr, std::size_t bytes, cudaStr
 
 cudaError_t CubCachingAllocator::deallocate(void* ptr) { return impl_->cub.DeviceFree(ptr); }
 
+cudaError_t CubCachingAllocator::release_cached() { return impl_->cub.FreeAllCached(); }
+
 std::size_t CubCachingAllocator::reserved_bytes(int device) const {
   cub::CachingDeviceAllocator& c = impl_->cub;
   std::lock_guard<std::mutex> lock(c.mutex);
@@ -26,4 +32,4 @@ std::size_t CubCachingAllocator::reserved_bytes(int device) const {
   return it == c.cached_bytes.end() ? 0 : it->second.free + it->second.live;
 }
 
-}  // namespace cuarena::bench
+}  // namespace cuarena::replay
