@@ -59,8 +59,9 @@ part=${CUARENA_GPU_PART:-all}
 if [ "$part" != 2 ]; then
 step gpu_tests build-gpu/bin/gpu_tests --gtest_output=json:"$out/gpu_tests.json"
 grep -h "gpu-replay" "$out/gpu_tests.log" || true
+# (CudaSegmentBackends.* provokes out-of-memory on purpose, which memcheck counts as an API error.)
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
-  build-gpu/bin/gpu_tests --gtest_filter='CudaVmmBackend.*:CudaSegmentBackends.*:Upstreams/CudaAllocator.BlocksHold*:Upstreams/CudaAllocator.MultiThread*'
+  build-gpu/bin/gpu_tests --gtest_filter='CudaVmmBackend.*:Upstreams/CudaAllocator.BlocksHold*:Upstreams/CudaAllocator.MultiThread*'
 step core_tests build-gpu/bin/core_tests
 fi
 if [ "$part" != 1 ]; then
