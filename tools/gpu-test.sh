@@ -75,8 +75,11 @@ cat "$out/replay_verify.log" | head -90
 step replay_speed build-gpu/bin/cuarena replay tests/data/traces/*.pickle.gz --backend sim,cuda \
   --allocator cuarena --config whole_chunk_min:8MiB --verify --json "$out/gpu_replay_speed.json"
 grep -E "cuarena" "$out/replay_speed.log" | head -12
+# torch-expandable is left out: its search fails inside PyTorch ("CUDA error: context is
+# destroyed" after an out-of-memory probe; open problem, see README).
 step replay_min_capacity bash -c "build-gpu/bin/cuarena replay \
   tests/data/traces/bert_varlen_infer.pickle.gz --backend cuda --min-capacity \
+  --allocator cuarena,cuarena-async,cuarena-malloc,torch-native,torch-async,cuda-malloc,cuda-async,cub,rmm-pool,rmm-arena \
   --json $out/gpu_min_capacity.json && \
   $python -c \"import json,sys; rs=json.load(open('$out/gpu_min_capacity.json'))['results']; \
 g=2<<20; bad=[r['allocator'] for r in rs if r['backend'] == 'cuda' and \

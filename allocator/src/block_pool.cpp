@@ -147,17 +147,37 @@ void BlockPool::absorb(Block* lower, Block* upper) {
 }
 
 Block* BlockPool::coalesce(Block* b) {
-  if (b->prev && mergeable(b->prev, b)) {
-    Block* p = b->prev;
-    remove_free(p);
-    absorb(p, b);
-    b = p;
+  // Segment mode: an owned block also absorbs shared free neighbours (the merged block stays
+  // owned, and becomes shared again at its stream's next sweep). Any stream may use shared
+  // memory, so this is safe, and without stealing it is what keeps free space in one piece.
+  // Not with mapping: a shared block may have unmapped granules, an owned one may not.
+  const bool owned = !b->shared && !b->retired;
+  const StreamId stream = b->stream;
+  auto absorbable = [&](const Block* n) {
+    return n != nullptr &&
+           (mergeable(n, b) || (segments_ && owned && n->is_free() && n->shared));
+  };
+  bool crossed = false;  // merged across states: keep b's state and its stream's free order
+  const bool shared = b->shared;
+  while (absorbable(b->prev) || absorbable(b->next)) {
+    if (absorbable(b->prev)) {
+      Block* p = b->prev;
+      crossed |= p->shared != shared;
+      remove_free(p);
+      absorb(p, b);  // deletes b
+      b = p;
+    } else {
+      Block* n = b->next;
+      crossed |= n->shared != shared;
+      remove_free(n);
+      absorb(b, n);
+    }
+    if (crossed) {
+      b->shared = shared;
+      b->stream = stream;
+    }
   }
-  if (b->next && mergeable(b, b->next)) {
-    Block* n = b->next;
-    remove_free(n);
-    absorb(b, n);
-  }
+  if (crossed) b->free_seq = stream_pool(stream).seq;  // b was the stream's newest free
   return b;
 }
 
