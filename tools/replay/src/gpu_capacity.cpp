@@ -2,7 +2,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <string>
 
 #include "cuda_check.hpp"
@@ -58,35 +57,13 @@ bool replays_within(const std::vector<Event>& events, GpuAllocator& allocator, i
   return replay_gpu(events, allocator, options).ooms == 0;
 }
 
-std::optional<std::uint64_t> search_min_capacity(std::uint64_t floor, std::uint64_t known_good,
-                                                 std::uint64_t ceiling,
-                                                 const std::function<bool(std::uint64_t)>& fits) {
-  const std::uint64_t g = kCapacityStep;
-  const std::uint64_t top = std::max<std::uint64_t>(1, ceiling / g);  // in steps
-  std::uint64_t hi = std::clamp<std::uint64_t>((known_good + g - 1) / g, 1, top);
-  while (!fits(hi * g)) {
-    if (hi == top) return std::nullopt;
-    hi = std::min(hi * 2, top);
-  }
-  std::uint64_t lo = std::min(floor / g, hi);  // below this nothing can fit
-  if (lo > 0) --lo;
-  while (hi - lo > 1) {  // invariant: hi fits, lo does not (or is the floor)
-    const std::uint64_t mid = lo + (hi - lo) / 2;
-    if (fits(mid * g))
-      hi = mid;
-    else
-      lo = mid;
-  }
-  return hi * g;
-}
-
 std::optional<std::uint64_t> gpu_min_capacity(const std::vector<Event>& events, int device,
                                               std::uint64_t known_good,
                                               const std::function<bool(std::uint64_t)>& fits) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
   std::size_t free_bytes = 0, total = 0;
   check_cuda(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
-  return search_min_capacity(peak_requested(events), known_good, total, fits);
+  return search_min_capacity(kCapacityStep, peak_requested(events), known_good, total, fits);
 }
 
 }  // namespace cuarena::replay

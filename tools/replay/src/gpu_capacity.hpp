@@ -31,15 +31,7 @@ std::unique_ptr<GpuAllocator> limit_reserved(GpuAllocator& inner, std::uint64_t 
 /// Stops at the first one; no verification kernels. Throws as replay_gpu().
 bool replays_within(const std::vector<Event>& events, GpuAllocator& allocator, int device);
 
-/// The smallest multiple of kCapacityStep for which `fits` holds, by binary search between
-/// `floor` (nothing below it can fit: the peak requested bytes) and `known_good` (the row's own
-/// peak reserved). If `known_good` does not fit, it is doubled up to `ceiling` (the device's
-/// memory) first; std::nullopt when even `ceiling` does not fit. Assumes `fits` is monotone.
-std::optional<std::uint64_t> search_min_capacity(std::uint64_t floor, std::uint64_t known_good,
-                                                 std::uint64_t ceiling,
-                                                 const std::function<bool(std::uint64_t)>& fits);
-
-/// search_min_capacity() for one GPU row: floor = the events' peak requested bytes, ceiling =
+/// search_min_capacity() in kCapacityStep steps for one GPU row: floor = the events' peak requested bytes, ceiling =
 /// `device`'s total memory. `fits(limit)` builds the allocator held to `limit` and calls
 /// replays_within().
 std::optional<std::uint64_t> gpu_min_capacity(const std::vector<Event>& events, int device,

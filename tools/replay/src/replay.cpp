@@ -302,20 +302,17 @@ Result replay_cuarena(const std::vector<Event>& events, const SimOptions& option
   return r;
 }
 
-std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& options,
-                           std::uint64_t known_good) {
-  const std::uint64_t g = options.config.sim_granularity;
-  auto fits = [&](std::uint64_t capacity) {
-    SimOptions o = options;
-    o.capacity = capacity;
-    return run_sim(events, o, std::string::npos).ooms == 0;
-  };
-  std::uint64_t hi = (known_good + g - 1) / g;  // in granules
+std::optional<std::uint64_t> search_min_capacity(std::uint64_t step, std::uint64_t floor,
+                                                 std::uint64_t known_good, std::uint64_t ceiling,
+                                                 const std::function<bool(std::uint64_t)>& fits) {
+  const std::uint64_t g = step;
+  const std::uint64_t top = std::max<std::uint64_t>(1, ceiling / g);  // in steps
+  std::uint64_t hi = std::clamp<std::uint64_t>((known_good + g - 1) / g, 1, top);
   while (!fits(hi * g)) {
-    if (hi * g > (std::uint64_t{1} << 50)) return 0;  // nothing reasonable fits
-    hi *= 2;
+    if (hi == top) return std::nullopt;
+    hi = std::min(hi * 2, top);
   }
-  std::uint64_t lo = peak_requested(events) / g;  // below this nothing can fit
+  std::uint64_t lo = std::min(floor / g, hi);  // below this nothing can fit
   if (lo > 0) --lo;
   while (hi - lo > 1) {  // invariant: hi fits, lo does not (or is the floor)
     const std::uint64_t mid = lo + (hi - lo) / 2;
@@ -323,6 +320,18 @@ std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& o
     else lo = mid;
   }
   return hi * g;
+}
+
+std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& options,
+                           std::uint64_t known_good) {
+  auto fits = [&](std::uint64_t capacity) {
+    SimOptions o = options;
+    o.capacity = capacity;
+    return run_sim(events, o, std::string::npos).ooms == 0;
+  };
+  return search_min_capacity(options.config.sim_granularity, peak_requested(events), known_good,
+                             std::uint64_t{1} << 50, fits)
+      .value_or(0);
 }
 
 }  // namespace cuarena::replay

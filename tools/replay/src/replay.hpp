@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -56,7 +57,17 @@ struct SimOptions {
 /// Replays through cuarena on the SimBackend.
 Result replay_cuarena(const std::vector<Event>& events, const SimOptions& options);
 
-/// Smallest capacity (a granule multiple) under which replay_cuarena has no out-of-memory.
+/// The smallest multiple of `step` bytes for which `fits` holds, by binary search between
+/// `floor` (nothing below it can fit: the peak requested bytes) and `known_good` (the row's own
+/// peak reserved). If `known_good` does not fit, it is doubled up to `ceiling` first;
+/// std::nullopt when even `ceiling` does not fit. Assumes `fits` is monotone. Used by the
+/// simulator's and the GPU's --min-capacity.
+std::optional<std::uint64_t> search_min_capacity(std::uint64_t step, std::uint64_t floor,
+                                                 std::uint64_t known_good, std::uint64_t ceiling,
+                                                 const std::function<bool(std::uint64_t)>& fits);
+
+/// Smallest capacity (a granule multiple) under which replay_cuarena has no out-of-memory; 0
+/// when nothing up to 2^50 bytes fits.
 std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& options,
                            std::uint64_t known_good);
 
