@@ -72,24 +72,18 @@ void PhysicalPool::unmapped(PhysRef p) {
 }
 
 std::size_t PhysicalPool::release_idle_chunks() {
+  std::vector<std::uint32_t> idle_chunks;
+  for (const auto& [id, c] : chunks_) {
+    if (c.idle == c.maps.size()) idle_chunks.push_back(id);
+  }
   std::size_t released = 0;
-  for (auto it = chunks_.begin(); it != chunks_.end();) {
-    Chunk& c = it->second;
-    if (c.idle != c.maps.size()) {
-      ++it;
-      continue;
-    }
-    const std::uint32_t id = it->first;
-    if (!c.whole)
+  for (const std::uint32_t id : idle_chunks) {
+    if (!chunks_.at(id).whole)
       idle_.erase(std::remove_if(idle_.begin(), idle_.end(),
-                               [id](const PhysRef& p) { return p.chunk == id; }),
-                idle_.end());
-    const std::size_t bytes = c.maps.size() * ctx_.granule;
-    ctx_.backend.release_physical(c.handle);
-    ++ctx_.stats.num_device_free;
-    ctx_.add_reserved(Pool::kLarge, -std::int64_t(bytes));
-    released += bytes;
-    it = chunks_.erase(it);
+                                 [id](const PhysRef& p) { return p.chunk == id; }),
+                  idle_.end());
+    released += granules(id) * ctx_.granule;
+    discard(id);
   }
   return released;
 }

@@ -39,7 +39,8 @@ class PhysicalPool {
   /// Creates a chunk of `granules` and marks them all taken. Returns the first granule, or an
   /// invalid ref when the limit or the device refuses. `whole`: see above.
   PhysRef create(std::size_t granules, bool whole = false);
-  /// Releases a chunk create() just made that was never mapped (a later step failed).
+  /// Releases a chunk that is mapped nowhere and has no granule in the idle list (one create()
+  /// just made that a later step could not use, or one leaving via release_idle_chunks()).
   void discard(std::uint32_t chunk);
   /// Releases a whole chunk that is mapped nowhere (stolen: its bytes are created anew in the
   /// shape the next request needs, which costs a few calls rather than one per granule).
