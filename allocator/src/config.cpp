@@ -195,13 +195,12 @@ Config Config::from_env() {
 std::string Config::to_string() const {
   std::ostringstream out;
   out.precision(17);
-  const char* up = upstream == Upstream::kVmm ? "vmm" : upstream == Upstream::kAsync ? "async" : "malloc";
   out << "small_limit:" << small_limit << ",size_classes_per_doubling:" << size_classes_per_doubling
       << ",slab_size:" << slab_size << ",defrag_threshold:" << defrag_threshold
       << ",cache_slack:" << cache_slack << ",whole_chunk_min:" << whole_chunk_min
       << ",per_process_memory_fraction:" << per_process_memory_fraction
       << ",stream_alias:" << (stream_alias ? "True" : "False")
-      << ",sweep_interval:" << sweep_interval << ",va_reserve:" << va_reserve << ",upstream:" << up
+      << ",sweep_interval:" << sweep_interval << ",va_reserve:" << va_reserve << ",upstream:" << cuarena::to_string(upstream)
       << ",sim_event_latency:" << sim_event_latency << ",sim_capacity:" << sim_capacity
       << ",sim_granularity:" << sim_granularity;
   return out.str();

@@ -82,8 +82,8 @@ TEST(CudaVmmBackend, EventsFollowTheStream) {
 class CudaAllocator : public ::testing::TestWithParam<Upstream> {
  protected:
   Config config(const std::string& extra = "") const {
-    const char* up = GetParam() == Upstream::kVmm ? "vmm" : GetParam() == Upstream::kAsync ? "async" : "malloc";
-    return Config::parse(std::string("upstream:") + up + (extra.empty() ? "" : "," + extra));
+    return Config::parse(std::string("upstream:") + to_string(GetParam()) +
+                         (extra.empty() ? "" : "," + extra));
   }
 };
 
@@ -217,11 +217,7 @@ TEST_P(CudaAllocator, MultiThreadMultiStreamStress) {
 
 INSTANTIATE_TEST_SUITE_P(Upstreams, CudaAllocator,
                          ::testing::Values(Upstream::kVmm, Upstream::kAsync, Upstream::kMalloc),
-                         [](const auto& info) {
-                           return info.param == Upstream::kVmm     ? std::string("vmm")
-                                  : info.param == Upstream::kAsync ? std::string("async")
-                                                                   : std::string("malloc");
-                         });
+                         [](const auto& info) { return std::string(to_string(info.param)); });
 
 TEST(CudaSegmentBackends, SegmentsAreRealMemoryAndTrimReturnsIt) {
   REQUIRE_GPU();

@@ -15,6 +15,11 @@ namespace cuarena {
 
 enum class Upstream { kVmm, kAsync, kMalloc };
 
+/// The config value naming `u`: "vmm", "async" or "malloc".
+constexpr const char* to_string(Upstream u) {
+  return u == Upstream::kVmm ? "vmm" : u == Upstream::kAsync ? "async" : "malloc";
+}
+
 struct Config {
   /// Requests of at most this many bytes are served from size-class slabs.
   std::size_t small_limit = std::size_t{1} << 20;
