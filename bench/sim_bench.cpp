@@ -18,7 +18,8 @@
 //                               warm-up pass: the steady state of a training loop. Time per
 //                               pass; items/s = allocator calls/s. Counters per pass (steady
 //                               state): moved = granules stolen + aliased, maps / unmaps =
-//                               backend map/unmap calls, creates = chunks created; ratio = peak
+//                               backend map/unmap calls, reactivated = dormant mappings taken
+//                               back, creates = chunks created; ratio = peak
 //                               reserved / peak requested over all passes. <cfg> is the default
 //                               or whole_chunk_min:8MiB (the speed setting).
 //   BM_SimReplay/<trace>        replay::replay_cuarena() over a whole trace with SimOptions{},
@@ -223,6 +224,7 @@ void BM_MixedSizes(benchmark::State& state, const char* trace_name, const char* 
     state.counters["moved"] =
         per_pass(before.granules_stolen + before.granules_aliased, after.granules_stolen + after.granules_aliased);
     state.counters["maps"] = per_pass(before.map_calls, after.map_calls);
+    state.counters["reactivated"] = per_pass(before.granules_reactivated, after.granules_reactivated);
     state.counters["unmaps"] = per_pass(before.unmap_calls, after.unmap_calls);
     state.counters["creates"] = per_pass(before.num_device_alloc, after.num_device_alloc);
     const int all = static_cast<int>(cuarena::Pool::kAll);

@@ -2,8 +2,10 @@
 // its granules.
 //
 // Invariant kept here: `phys_[g]` names the physical granule mapped at virtual granule g (chunk
-// 0 = nothing mapped), and `mapped_count_` is the number of mapped virtual granules. The arena
-// records; BlockPool decides and calls the backend.
+// 0 = nothing mapped). A mapping is *active* (memory of the block there) or *dormant*: still
+// mapped in the driver, but its physical granule has moved on to back another address, and
+// may come back here with no driver call once it is idle again. `mapped_count_` counts active
+// mappings. The arena records; BlockPool decides and calls the backend.
 //
 // A *segment* arena (segment backends: cudaMalloc, cudaMallocAsync) is backed whole from birth
 // to release: every granule counts as mapped, with no PhysRef, and set/clear are errors.
@@ -41,12 +43,18 @@ class Arena {
   std::size_t granule_of(DevicePtr addr) const { return (addr - base_) / granule_; }
   DevicePtr granule_addr(std::size_t g) const { return base_ + g * granule_; }
 
+  /// Active: backs whatever block overlaps granule g.
   bool is_mapped(std::size_t g) const {
-    return segment_ ? g < size_ / granule_ : g < phys_.size() && phys_[g].valid();
+    return segment_ ? g < size_ / granule_ : g < phys_.size() && phys_[g].valid() && !dormant_[g];
   }
+  /// Mapped in the driver but not in use here (see above).
+  bool is_dormant(std::size_t g) const { return g < phys_.size() && dormant_[g]; }
+  /// Mapped in the driver at all (active or dormant).
+  bool has_mapping(std::size_t g) const { return g < phys_.size() && phys_[g].valid(); }
   PhysRef phys(std::size_t g) const { return g < phys_.size() ? phys_[g] : PhysRef{}; }
-  void set(std::size_t g, PhysRef p);
-  void clear(std::size_t g);
+  void set(std::size_t g, PhysRef p);    // new active mapping at an unmapped granule
+  void clear(std::size_t g);             // the mapping (active or dormant) is gone
+  void set_dormant(std::size_t g, bool dormant);
 
   /// Granules [first, last) overlapping byte range [addr, addr+bytes).
   void covering(DevicePtr addr, std::size_t bytes, std::size_t& first, std::size_t& last) const {
@@ -68,6 +76,7 @@ class Arena {
   std::size_t granule_;
   bool segment_;
   std::vector<PhysRef> phys_;
+  std::vector<bool> dormant_;
   std::size_t mapped_count_ = 0;
 };
 

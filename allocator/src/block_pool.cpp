@@ -34,7 +34,7 @@ BlockPool::~BlockPool() {
       continue;
     }
     for (std::size_t g = 0, hw = a.high_water(); g < hw; ++g) {
-      if (!a.is_mapped(g)) continue;
+      if (!a.has_mapping(g)) continue;
       try {
         unmap_run(a, g, 1);
       } catch (...) {  // a destructor must not throw; the device is going away anyway
@@ -102,6 +102,7 @@ void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
   if (b->shared) {
     ++free_blocks_;
     shared_free_.insert(b);
+    if (!segments_) shared_by_addr_.emplace(b->addr, b);
     if (warm && !b->arena->segment()) warm_.push_back(b);  // a segment is never unmapped
     return;
   }
@@ -119,6 +120,7 @@ void BlockPool::remove_free(Block* b) {
   if (b->shared) {
     --free_blocks_;
     shared_free_.erase(b);
+    if (!segments_) shared_by_addr_.erase(b->addr);
     if (Lru::contains(b)) warm_.erase(b);
     return;
   }
@@ -207,8 +209,8 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if (b == nullptr) {
     // Miss on the stream's own blocks: let finished streams' blocks become shared first.
     poll_sweeps();
-    auto it = shared_free_.lower_bound(size);
-    b = it == shared_free_.end() ? new_arena(size, stream) : *it;
+    b = best_shared(size);
+    if (b == nullptr) b = new_arena(size, stream);
     if (b == nullptr) return nullptr;  // a segment backend refused
   }
   // Detach b (marked allocated) before anything can coalesce it away, and split off the
@@ -246,6 +248,53 @@ void BlockPool::deallocate(Block* b) {
   start_sweep(stream, sp);
 }
 
+std::size_t BlockPool::missing_granules(const Block* b, std::size_t size) const {
+  if (segments_) return 0;
+  const Arena& a = *b->arena;
+  std::size_t first = 0, last = 0;
+  a.covering(b->addr, size, first, last);
+  std::size_t missing = 0;
+  for (std::size_t g = first; g < last; ++g) missing += !a.is_mapped(g) && !reclaimable(a, g);
+  return missing;
+}
+
+const Block* BlockPool::shared_holder(const Arena& a, std::size_t g) const {
+  const DevicePtr at = a.granule_addr(g);
+  auto it = shared_by_addr_.upper_bound(at);
+  if (it == shared_by_addr_.begin()) return nullptr;
+  const Block* b = std::prev(it)->second;
+  return b->arena == &a && b->end() >= at + ctx_.granule ? b : nullptr;
+}
+
+bool BlockPool::reclaimable(const Arena& a, std::size_t g) const {
+  if (!a.is_dormant(g)) return false;
+  const PhysRef p = a.phys(g);
+  if (phys_.is_idle(p)) return true;
+  const auto& active = phys_.active(p);
+  return active.size() == 1 && shared_holder(*active.front().arena, active.front().granule) != nullptr;
+}
+
+Block* BlockPool::best_shared(std::size_t size) {
+  // Best fit by size alone would often pick a small block whose granules were stolen over a
+  // slightly larger one still backed, and stealing for it moves memory every iteration of a
+  // training loop. So among the few smallest fits, take the one missing fewest granules
+  // (smallest first on ties); the rest of the index is never scanned.
+  constexpr int kCandidates = 8;
+  Block* best = nullptr;
+  std::size_t best_missing = SIZE_MAX;
+  int seen = 0;
+  for (auto it = shared_free_.lower_bound(size); it != shared_free_.end() && seen < kCandidates;
+       ++it, ++seen) {
+    const std::size_t missing = missing_granules(*it, size);
+    if (missing < best_missing) {
+      best = *it;
+      best_missing = missing;
+      if (missing == 0) break;
+    }
+  }
+  return best;
+}
+
 bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
@@ -254,14 +303,17 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   for (std::size_t g = first; g < last; ++g) {
     if (!a.is_mapped(g)) holes.push_back(g);
   }
-  const std::size_t need = holes.size();
+  reactivate(a, holes);
+  reclaim_dormant(a, holes);
+  reactivate(a, holes);
+  std::size_t need = holes.size();
   if (need == 0) return true;
   // A hole granule that sticks out of b is shared with a free neighbour that other streams may
   // use at once, so it must not receive an alias of this stream's not-yet-finished memory.
   auto inside = [&](std::size_t g) {
     return a.granule_addr(g) >= b->addr && a.granule_addr(g + 1) <= b->addr + size;
   };
-  const auto inner = std::size_t(std::count_if(holes.begin(), holes.end(), inside));
+  auto inner = std::size_t(std::count_if(holes.begin(), holes.end(), inside));
 
   const std::size_t gran = ctx_.granule;
   auto creates = [&](std::size_t have) { return (need - std::min(need, have)) * gran; };
@@ -280,6 +332,11 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
     const std::size_t before = phys_.idle_granules();
     steal(need);
     reclaimed_idle = phys_.idle_granules() - std::min(before, phys_.idle_granules());
+    // Stealing may have freed the very granules some holes map dormant.
+    reactivate(a, holes);
+    need = holes.size();
+    if (need == 0) return true;
+    inner = std::size_t(std::count_if(holes.begin(), holes.end(), inside));
     const std::size_t idle = phys_.idle_granules();
     if (ctx_.config.stream_alias && idle < need && inner > 0 &&
         ctx_.reserved() + creates(idle) > soft) {
@@ -309,6 +366,7 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
     for (const PhysRef& p : taken) phys_.put_idle(p);
     return false;  // the device refused; aliased granules return after their sweep
   }
+  unmap_dormant(a, holes);
   map_granules(a, holes, supply);
   ctx_.stats.granules_aliased += std::int64_t(aliases.size());
   if (reclaimed_idle + aliases.size() > 0 || have > aliases.size()) ++ctx_.stats.stitched_ranges;
@@ -364,7 +422,7 @@ void BlockPool::map_granules(Arena& a, const std::vector<std::size_t>& granules,
                      phys_.handle(phys[i].chunk), std::size_t(phys[i].offset) * ctx_.granule);
     for (std::size_t k = i; k < j; ++k) {
       a.set(granules[k], phys[k]);
-      phys_.mapped(phys[k]);
+      phys_.mapped(phys[k], {&a, granules[k]});
     }
     ++ctx_.stats.map_calls;
     ctx_.stats.granules_mapped += std::int64_t(count);
@@ -375,11 +433,70 @@ void BlockPool::map_granules(Arena& a, const std::vector<std::size_t>& granules,
 void BlockPool::unmap_run(Arena& a, std::size_t first, std::size_t count) {
   ctx_.backend.unmap(a.granule_addr(first), count * ctx_.granule);
   for (std::size_t g = first; g < first + count; ++g) {
-    phys_.unmapped(a.phys(g));
+    if (a.is_dormant(g)) phys_.remove_dormant(a.phys(g), {&a, g});
+    else phys_.unmapped(a.phys(g), {&a, g});
     a.clear(g);
   }
   ++ctx_.stats.unmap_calls;
   ctx_.stats.granules_unmapped += std::int64_t(count);
+}
+
+void BlockPool::make_dormant(Arena& a, std::size_t g) {
+  const unsigned cap = ctx_.config.dormant_maps;
+  const PhysRef p = a.phys(g);
+  if (cap == 0) {
+    unmap_run(a, g, 1);
+    return;
+  }
+  a.set_dormant(g, true);
+  phys_.unmapped(p, {&a, g});
+  phys_.add_dormant(p, {&a, g});
+  if (phys_.dormant(p).size() > cap) {
+    const PhysicalPool::Mapping oldest = phys_.dormant(p).front();
+    unmap_run(const_cast<Arena&>(*oldest.arena), oldest.granule, 1);
+  }
+}
+
+void BlockPool::reactivate(Arena& a, std::vector<std::size_t>& holes) {
+  std::size_t n = 0;
+  auto taken_back = [&](std::size_t g) {
+    if (!a.is_dormant(g) || !phys_.is_idle(a.phys(g))) return false;
+    const PhysRef p = a.phys(g);
+    phys_.take(p);
+    phys_.remove_dormant(p, {&a, g});
+    phys_.mapped(p, {&a, g});
+    a.set_dormant(g, false);
+    ++n;
+    return true;
+  };
+  holes.erase(std::remove_if(holes.begin(), holes.end(), taken_back), holes.end());
+  ctx_.stats.granules_reactivated += std::int64_t(n);
+}
+
+void BlockPool::reclaim_dormant(const Arena& a, const std::vector<std::size_t>& holes) {
+  for (const std::size_t h : holes) {
+    if (!a.is_dormant(h)) continue;
+    const auto& active = phys_.active(a.phys(h));
+    if (active.size() != 1) continue;
+    const PhysicalPool::Mapping m = active.front();
+    const Block* holder = shared_holder(*m.arena, m.granule);
+    if (holder == nullptr) continue;
+    make_dormant(*holder->arena, m.granule);
+    ++ctx_.stats.granules_stolen;
+  }
+}
+
+void BlockPool::unmap_dormant(Arena& a, const std::vector<std::size_t>& holes) {
+  for (std::size_t i = 0; i < holes.size();) {
+    if (!a.is_dormant(holes[i])) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i + 1;
+    while (j < holes.size() && holes[j] == holes[j - 1] + 1 && a.is_dormant(holes[j])) ++j;
+    unmap_run(a, holes[i], j - i);
+    i = j;
+  }
 }
 
 void BlockPool::steal(std::size_t target) {
@@ -446,7 +563,8 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take,
     }
     const std::size_t end = g;
     while (g > first && movable(g - 1) && (!limited || end - g < max_granules - got)) --g;
-    unmap_run(a, g, end - g);
+    if (take == Take::kAll || ctx_.config.dormant_maps == 0) unmap_run(a, g, end - g);
+    else for (std::size_t k = g; k < end; ++k) make_dormant(a, k);
     got += end - g;
   }
   if (!remaining && Lru::contains(b)) warm_.erase(b);
@@ -537,7 +655,8 @@ void BlockPool::make_shared(Block* b) {
     Arena& a = *b->arena;
     std::size_t first = 0, last = 0;
     a.covering(b->addr, b->size, first, last);
-    unmap_run(a, first, last - first);
+    if (ctx_.config.dormant_maps == 0) unmap_run(a, first, last - first);
+    else for (std::size_t g = first; g < last; ++g) make_dormant(a, g);
     b->retired = false;
   }
   b->shared = true;
@@ -560,6 +679,16 @@ std::size_t BlockPool::release_cached() {
   if (segments_) return release_free_segments();
   std::size_t released = 0;
   while (!warm_.empty()) unmap_interior(warm_.front(), SIZE_MAX, Take::kAll, &released);
+  // Dormant mappings keep their chunks from being released.
+  for (auto& arena : arenas_) {
+    Arena& a = *arena;
+    for (std::size_t g = 0; g < a.high_water();) {
+      std::size_t end = g;
+      while (end < a.high_water() && a.is_dormant(end)) ++end;
+      if (end > g) unmap_run(a, g, end - g);
+      g = end + 1;
+    }
+  }
   return phys_.release_idle_chunks();
 }
 

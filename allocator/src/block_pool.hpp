@@ -16,10 +16,17 @@
 // stream); never across arenas; the lower-address block object survives a merge.
 //
 // Physical memory (PhysicalPool) is never created while it can be found: a request first takes
-// idle granules, then steals cached granules of shared blocks (oldest freed first), then aliases
-// granules of its own stream's free blocks (stream order makes that safe without waiting), and
-// only then creates a chunk. Mapping reclaimed granules under a fresh virtual range is GMLake's
-// stitching (Guo et al., ASPLOS 2024).
+// back its own dormant mappings whose granules are idle, then takes idle granules, then steals
+// cached granules of shared blocks (oldest freed first), then aliases granules of its own
+// stream's free blocks (stream order makes that safe without waiting), and only then creates a
+// chunk. Mapping reclaimed granules under a fresh virtual range is GMLake's stitching (Guo et
+// al., ASPLOS 2024).
+//
+// Dormant mappings (config dormant_maps): stealing a granule or dropping a retired alias leaves
+// its mapping in place, dormant, instead of unmapping it. Only shared free blocks hold dormant
+// granules (like unmapped ones, they count as holes). A request over a dormant granule whose
+// physical granule is idle takes it back with no driver call, so a repeating workload stops
+// paying for map/unmap once every layout it uses has been mapped once.
 //
 // Segment mode (a backend without mapping: cudaMalloc, cudaMallocAsync): each arena is one
 // segment, backed whole while it exists; nothing is stolen or aliased, and whole free segments
@@ -33,6 +40,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <map>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -161,6 +169,15 @@ class BlockPool {
   /// Retires the stream's completed sweeps (oldest first), sharing the blocks they cover.
   void poll_stream(StreamPool& sp);
 
+  /// The shared free block wholly holding virtual granule g of `a`, or nullptr.
+  const Block* shared_holder(const Arena& a, std::size_t g) const;
+  /// Dormant granule g of `a` can be taken back with no driver call: its physical granule is
+  /// idle, or active only inside a shared free block.
+  bool reclaimable(const Arena& a, std::size_t g) const;
+  /// Granules of [b->addr, b->addr+size) neither mapped nor reclaimable.
+  std::size_t missing_granules(const Block* b, std::size_t size) const;
+  /// The shared free block to serve `size` from (see the .cpp), or nullptr.
+  Block* best_shared(std::size_t size);
   /// Backs [b->addr, b->addr+size) of detached block b for `stream`; false if refused.
   bool ensure_mapped(Block* b, std::size_t size, StreamId stream);
   /// Unmaps cached granules of shared blocks until `target` granules are idle.
@@ -184,7 +201,19 @@ class BlockPool {
   std::size_t alias(StreamPool& sp, std::size_t want, std::vector<PhysRef>& out);
   void map_granules(Arena& a, const std::vector<std::size_t>& granules,
                     const std::vector<PhysRef>& phys);
+  /// Unmaps granules [first, first+count) of `a`, active or dormant, in one backend call.
   void unmap_run(Arena& a, std::size_t first, std::size_t count);
+  /// Retires the active mapping at granule g (its physical granule is no longer used there):
+  /// dormant if dormant_maps allows, evicting the granule's oldest dormant mapping past the cap.
+  void make_dormant(Arena& a, std::size_t g);
+  /// Takes back, with no driver call, the hole granules whose dormant physical granule is idle;
+  /// removes them from `holes`.
+  void reactivate(Arena& a, std::vector<std::size_t>& holes);
+  /// For hole granules whose dormant physical granule is active only inside a shared free
+  /// block, makes that mapping dormant instead (no driver call), so reactivate() can take it.
+  void reclaim_dormant(const Arena& a, const std::vector<std::size_t>& holes);
+  /// Unmaps the dormant mappings among `holes` (their granules are busy elsewhere).
+  void unmap_dormant(Arena& a, const std::vector<std::size_t>& holes);
 
   Context& ctx_;
   PhysicalPool phys_;
@@ -192,6 +221,7 @@ class BlockPool {
   std::vector<Block*> arena_first_;  // block at each arena's base; never merged away
   std::unordered_map<StreamId, StreamPool> streams_;
   SizeIndex shared_free_;
+  std::map<DevicePtr, Block*> shared_by_addr_;  // the same blocks by address
   IntrusiveList<Block, &Block::lru> warm_;  // LRU: front = freed longest ago
   std::size_t free_blocks_ = 0;
   std::size_t sweeps_pending_ = 0;

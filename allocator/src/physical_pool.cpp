@@ -17,14 +17,44 @@ PhysicalPool::~PhysicalPool() {
 
 PhysRef PhysicalPool::take_idle() {
   const PhysRef p = idle_.back();
-  idle_.pop_back();
-  --chunks_.at(p.chunk).idle;
+  take(p);
   return p;
 }
 
+void PhysicalPool::take(PhysRef p) {
+  Chunk& c = chunks_.at(p.chunk);
+  const std::uint32_t pos = c.idle_pos[p.offset];
+  if (pos == kNotIdle) throw std::logic_error("cuarena: taking a physical granule that is not idle");
+  const PhysRef last = idle_.back();
+  idle_[pos] = last;
+  chunks_.at(last.chunk).idle_pos[last.offset] = pos;
+  idle_.pop_back();
+  c.idle_pos[p.offset] = kNotIdle;
+  --c.idle;
+}
+
 void PhysicalPool::put_idle(PhysRef p) {
+  Chunk& c = chunks_.at(p.chunk);
+  c.idle_pos[p.offset] = std::uint32_t(idle_.size());
   idle_.push_back(p);
-  ++chunks_.at(p.chunk).idle;
+  ++c.idle;
+}
+
+void PhysicalPool::add_dormant(PhysRef p, Mapping m) {
+  Chunk& c = chunks_.at(p.chunk);
+  if (c.whole) throw std::logic_error("cuarena: a whole chunk mapped dormant");
+  c.dormant[p.offset].push_back(m);
+}
+
+void PhysicalPool::remove_dormant(PhysRef p, Mapping m) {
+  auto& list = chunks_.at(p.chunk).dormant[p.offset];
+  auto it = std::find(list.begin(), list.end(), m);
+  if (it == list.end()) throw std::logic_error("cuarena: removing a dormant mapping not recorded");
+  list.erase(it);
+}
+
+const std::vector<PhysicalPool::Mapping>& PhysicalPool::dormant(PhysRef p) const {
+  return chunks_.at(p.chunk).dormant[p.offset];
 }
 
 PhysRef PhysicalPool::create(std::size_t granules, bool whole) {
@@ -38,6 +68,9 @@ PhysRef PhysicalPool::create(std::size_t granules, bool whole) {
   c.handle = h;
   c.whole = whole;
   c.maps.assign(granules, 0);  // all taken by the caller: none idle
+  c.idle_pos.assign(granules, kNotIdle);
+  c.dormant.resize(granules);
+  c.active.resize(granules);
   ++ctx_.stats.num_device_alloc;
   ctx_.add_reserved(Pool::kLarge, std::int64_t(bytes));
   return {id, 0};
@@ -57,24 +90,32 @@ void PhysicalPool::release_if_idle(std::uint32_t chunk) {
   if (c.whole && c.idle == c.maps.size()) discard(chunk);
 }
 
-void PhysicalPool::mapped(PhysRef p) {
-  std::uint32_t& n = chunks_.at(p.chunk).maps[p.offset];
+void PhysicalPool::mapped(PhysRef p, Mapping m) {
+  Chunk& c = chunks_.at(p.chunk);
+  std::uint32_t& n = c.maps[p.offset];
   if (n == UINT32_MAX) throw std::logic_error("cuarena: physical granule mapped 2^32 times");
   ++n;
+  c.active[p.offset].push_back(m);
 }
 
-void PhysicalPool::unmapped(PhysRef p) {
+void PhysicalPool::unmapped(PhysRef p, Mapping m) {
   Chunk& c = chunks_.at(p.chunk);
+  auto& list = c.active[p.offset];
+  auto it = std::find(list.begin(), list.end(), m);
+  if (it == list.end()) throw std::logic_error("cuarena: unmapping an active mapping not recorded");
+  list.erase(it);
   if (--c.maps[p.offset] == 0) {
-    if (!c.whole) idle_.push_back(p);
-    ++c.idle;
+    if (c.whole) ++c.idle;
+    else put_idle(p);
   }
 }
 
 std::size_t PhysicalPool::release_idle_chunks() {
   std::vector<std::uint32_t> idle_chunks;
   for (const auto& [id, c] : chunks_) {
-    if (c.idle == c.maps.size()) idle_chunks.push_back(id);
+    const bool dormant = std::any_of(c.dormant.begin(), c.dormant.end(),
+                                     [](const auto& list) { return !list.empty(); });
+    if (c.idle == c.maps.size() && !dormant) idle_chunks.push_back(id);
   }
   std::size_t released = 0;
   for (const std::uint32_t id : idle_chunks) {
@@ -85,17 +126,40 @@ std::size_t PhysicalPool::release_idle_chunks() {
     released += granules(id) * ctx_.granule;
     discard(id);
   }
+  for (std::uint32_t i = 0; i < idle_.size(); ++i) chunks_.at(idle_[i].chunk).idle_pos[idle_[i].offset] = i;
   return released;
 }
 
 void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
                                     std::size_t expected_bytes) const {
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::size_t> seen;
+  std::size_t dormant_seen = 0;
   for (const Arena* a : arenas) {
     for (std::size_t g = 0; g < a->high_water(); ++g) {
-      if (a->is_mapped(g)) ++seen[{a->phys(g).chunk, a->phys(g).offset}];
+      const PhysRef p = a->phys(g);
+      if (a->is_mapped(g)) {
+        ++seen[{p.chunk, p.offset}];
+        const auto& list = chunks_.at(p.chunk).active.at(p.offset);
+        if (std::find(list.begin(), list.end(), Mapping{a, g}) == list.end())
+          throw std::logic_error("cuarena invariant violated: an active mapping is not recorded");
+      }
+      if (!a->is_dormant(g)) continue;
+      ++dormant_seen;
+      const auto& list = chunks_.at(p.chunk).dormant.at(p.offset);
+      if (std::find(list.begin(), list.end(), Mapping{a, g}) == list.end())
+        throw std::logic_error("cuarena invariant violated: a dormant mapping is not recorded");
     }
   }
+  std::size_t dormant_listed = 0;
+  for (const auto& [id, c] : chunks_) {
+    for (const auto& list : c.dormant) {
+      dormant_listed += list.size();
+      if (list.size() > ctx_.config.dormant_maps)
+        throw std::logic_error("cuarena invariant violated: more dormant mappings than dormant_maps");
+    }
+  }
+  if (dormant_listed != dormant_seen)
+    throw std::logic_error("cuarena invariant violated: dormant mappings recorded twice or stale");
   // Each mapping of a whole chunk must be all of it, in order.
   for (const Arena* a : arenas) {
     for (std::size_t g = 0; g < a->high_water(); ++g) {
@@ -116,9 +180,14 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
     for (std::uint32_t o = 0; o < c.maps.size(); ++o) {
       auto it = seen.find({id, o});
       const std::size_t n = it == seen.end() ? 0 : it->second;
-      if (n != c.maps[o])
+      if (n != c.maps[o] || n != c.active[o].size())
         throw std::logic_error("cuarena invariant violated: physical granule map count wrong");
       chunk_idle += n == 0;
+      if (!c.whole && (c.idle_pos[o] != kNotIdle) != (n == 0))
+        throw std::logic_error("cuarena invariant violated: idle position disagrees with map count");
+      if (c.idle_pos[o] != kNotIdle &&
+          (c.idle_pos[o] >= idle_.size() || idle_[c.idle_pos[o]] != PhysRef{id, o}))
+        throw std::logic_error("cuarena invariant violated: idle position is stale");
     }
     if (chunk_idle != c.idle)
       throw std::logic_error("cuarena invariant violated: chunk idle count wrong");

@@ -1,18 +1,22 @@
 // PhysicalPool: the physical memory cuarena holds (reserved_bytes), in chunks of granules.
 //
 // A chunk is created for a shortfall of n granules in one backend call. Each of its granules is
-// mapped at zero or more virtual granules (more than one while an alias made for same-stream
-// reuse waits for its old address to be unmapped). Granules mapped nowhere are idle: they sit
-// in the idle list and back the next request before any new chunk is created. A chunk whose
-// granules are all idle can be released to the device.
+// actively mapped at zero or more virtual granules (more than one while an alias made for
+// same-stream reuse waits for its old address to be unmapped). Granules actively mapped nowhere
+// are idle: they sit in the idle list and back the next request before any new chunk is
+// created. A granule may also keep dormant mappings, oldest first: addresses it backed before
+// it moved, which can take it back with no driver call while it is idle. A chunk whose
+// granules are all idle and have no dormant mapping can be released to the device.
 //
 // A *whole* chunk (several granules, one backend allocation) is mapped only as a whole, at
 // consecutive virtual granules in order, and unmapped as a whole: it backs a large request where
 // it was created and is never stolen or aliased. It is released when it is mapped nowhere.
 //
-// Invariants kept here: for every granule, maps == number of virtual granules mapping it; a
-// granule of a chunk that is not whole is in `idle_` iff maps == 0; chunk.idle == its granules
-// with maps == 0; each mapping of a whole chunk covers all its granules, in order.
+// Invariants kept here: for every granule, maps == number of virtual granules actively mapping
+// it, and `active` lists them; `dormant` lists exactly the virtual granules mapping it dormant,
+// at most config dormant_maps of them; a granule of a chunk that is not whole is in `idle_` (at
+// idle_pos) iff maps == 0 and it is not taken; chunk.idle == its granules with maps == 0 and not
+// taken; each mapping of a whole chunk covers all its granules, in order, and is never dormant.
 #pragma once
 
 #include <cstddef>
@@ -32,9 +36,22 @@ class PhysicalPool {
   PhysicalPool(const PhysicalPool&) = delete;
   PhysicalPool& operator=(const PhysicalPool&) = delete;
 
+  /// A virtual granule that maps a physical one.
+  struct Mapping {
+    const Arena* arena = nullptr;
+    std::size_t granule = 0;
+    bool operator==(const Mapping&) const = default;
+  };
+
   std::size_t idle_granules() const { return idle_.size(); }
+  bool is_idle(PhysRef p) const {
+    const Chunk& c = chunks_.at(p.chunk);
+    return c.idle_pos[p.offset] != kNotIdle;
+  }
   /// Takes an idle granule (the caller maps it at once), or gives one back unused.
   PhysRef take_idle();
+  /// Takes the idle granule `p` in particular. O(1).
+  void take(PhysRef p);
   void put_idle(PhysRef p);
   /// Creates a chunk of `granules` and marks them all taken. Returns the first granule, or an
   /// invalid ref when the limit or the device refuses. `whole`: see above.
@@ -48,10 +65,18 @@ class PhysicalPool {
   bool whole(std::uint32_t chunk) const { return chunks_.at(chunk).whole; }
   std::size_t granules(std::uint32_t chunk) const { return chunks_.at(chunk).maps.size(); }
 
-  /// Bookkeeping for one virtual mapping of `p` made or removed. An unmapped granule with no
-  /// other mapping becomes idle.
-  void mapped(PhysRef p);
-  void unmapped(PhysRef p);
+  /// Bookkeeping for one active virtual mapping `m` of `p` made or removed (dormant or
+  /// unmapped). A granule with no other active mapping becomes idle.
+  void mapped(PhysRef p, Mapping m);
+  void unmapped(PhysRef p, Mapping m);
+  /// The active mappings of `p` (one, or two while an alias waits for its sweep).
+  const std::vector<Mapping>& active(PhysRef p) const { return chunks_.at(p.chunk).active[p.offset]; }
+  /// Bookkeeping for a dormant mapping of `p` at `m` made or removed (the active-map count is
+  /// the caller's to change through mapped()/unmapped()).
+  void add_dormant(PhysRef p, Mapping m);
+  void remove_dormant(PhysRef p, Mapping m);
+  /// The dormant mappings of `p`, oldest first.
+  const std::vector<Mapping>& dormant(PhysRef p) const;
   PhysHandle handle(std::uint32_t chunk) const { return chunks_.at(chunk).handle; }
 
   /// Releases every chunk whose granules are all idle. Returns bytes released.
@@ -62,9 +87,13 @@ class PhysicalPool {
   void check_invariants(const std::vector<const Arena*>& arenas, std::size_t expected_bytes) const;
 
  private:
+  static constexpr std::uint32_t kNotIdle = UINT32_MAX;
   struct Chunk {
     PhysHandle handle = 0;
-    std::vector<std::uint32_t> maps;  // per granule
+    std::vector<std::uint32_t> maps;      // per granule: active mappings
+    std::vector<std::uint32_t> idle_pos;  // per granule: index in idle_, or kNotIdle
+    std::vector<std::vector<Mapping>> dormant;  // per granule, oldest first
+    std::vector<std::vector<Mapping>> active;   // per granule (kept for whole chunks too)
     std::size_t idle = 0;
     bool whole = false;
   };

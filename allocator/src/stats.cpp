@@ -39,6 +39,7 @@ std::map<std::string, std::int64_t> Stats::to_map() const {
   out["cuarena.map_calls"] = map_calls;
   out["cuarena.unmap_calls"] = unmap_calls;
   out["cuarena.granules_aliased"] = granules_aliased;
+  out["cuarena.granules_reactivated"] = granules_reactivated;
   out["cuarena.granules_mapped"] = granules_mapped;
   out["cuarena.granules_unmapped"] = granules_unmapped;
   out["cuarena.granules_stolen"] = granules_stolen;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
 #include <map>
 #include <random>
 #include <thread>
@@ -58,6 +59,29 @@ void check_against_model(const Allocator& a, const SimBackend& sim,
     }
     ASSERT_TRUE(sim.is_mapped(b.ptr, b.size)) << "live block not backed by mapped memory";
     requested += std::int64_t(b.requested);
+  }
+  // No two live blocks share physical bytes, however granules moved, aliased or lay dormant.
+  if (sim.supports_mapping()) {
+    std::map<std::pair<PhysHandle, std::size_t>, DevicePtr> owner;  // (chunk, offset) -> block
+    std::vector<std::pair<std::pair<PhysHandle, std::size_t>, std::pair<std::size_t, DevicePtr>>> pieces;
+    for (const auto& b : blocks) {
+      for (DevicePtr at = b.ptr; at < b.ptr + b.size;) {
+        const DevicePtr granule_end = (at / kGranule + 1) * kGranule;
+        const DevicePtr end = std::min<DevicePtr>(b.ptr + b.size, granule_end);
+        const SimBackend::Backing k = sim.backing(at);
+        pieces.push_back({{k.chunk, k.offset}, {end - at, b.ptr}});
+        at = end;
+      }
+    }
+    std::sort(pieces.begin(), pieces.end());
+    for (std::size_t i = 0; i + 1 < pieces.size(); ++i) {
+      const auto& [key, len_block] = pieces[i];
+      const auto& next = pieces[i + 1];
+      if (next.first.first == key.first)
+        ASSERT_LE(key.second + len_block.first, next.first.second)
+            << "live blocks " << len_block.second << " and " << next.second.second
+            << " share physical memory";
+    }
   }
   const Stats s = a.stats();
   ASSERT_EQ(s.requested_bytes[0].current, requested);
@@ -119,6 +143,8 @@ const Scenario kScenarios[] = {
     {"no_slabs_fine_classes", 2 * GiB, 5, "small_limit:512,size_classes_per_doubling:8", 2000},
     {"threshold_half", 1 * GiB, 5, "defrag_threshold:0.5,sweep_interval:3", 2000},
     {"whole_chunks_tight", 512 * MiB, 10, "whole_chunk_min:4MiB", 3000},
+    {"one_dormant_map_tight", 384 * MiB, 10, "dormant_maps:1", 3000},
+    {"no_dormant_maps_tight", 384 * MiB, 10, "dormant_maps:0", 2000},
     {"segments_roomy", 8 * GiB, 1, "upstream:malloc", 3000},
     {"segments_tight_laggy", 384 * MiB, 20, "upstream:async", 3000},
 };

@@ -40,6 +40,12 @@ struct Config {
   /// all of it, it may be released and its bytes created anew where needed. Fewer driver calls,
   /// more reserved memory (see allocator/README.md). 0 (default): every granule is movable.
   std::size_t whole_chunk_min = 0;
+  /// Dormant mappings each physical granule may keep. When a cached granule moves to back
+  /// another address, its old mapping stays (dormant) instead of being unmapped, so a later
+  /// request there takes it back with no driver call once it is idle again; a training loop
+  /// then reaches a steady state with no map calls, as GMLake's cached stitched blocks do (Guo
+  /// et al., ASPLOS 2024). Past this many, the oldest is unmapped. 0: unmap at once.
+  unsigned dormant_maps = 4;
   /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
   double per_process_memory_fraction = 1.0;
   /// Reuse a stream's own freed granules for its next request at once, by mapping them at the

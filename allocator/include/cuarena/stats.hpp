@@ -59,6 +59,7 @@ struct Stats {
   std::int64_t granules_unmapped = 0;  ///< virtual granules unmapped
   std::int64_t granules_stolen = 0;    ///< cached granules of shared blocks unmapped for reuse
   std::int64_t granules_aliased = 0;   ///< granules of a stream's free blocks re-mapped for it
+  std::int64_t granules_reactivated = 0;  ///< dormant mappings taken back with no driver call
   std::int64_t defrag_passes = 0;      ///< defragmentation passes run
   std::int64_t stitched_ranges = 0;    ///< requests backed by granules reclaimed elsewhere
   std::int64_t slabs_created = 0;

@@ -16,7 +16,7 @@ struct CudaSegmentBackend::Impl {
   explicit Impl(int d) : device(d), events(d) {}
   int device;
   std::size_t capacity = 0;
-  std::size_t calls = 0;
+  cuda::CallLog log;
   cuda::EventPool events;
   cudaMemPool_t pool = nullptr;  // CudaAsyncBackend only
 };
@@ -48,7 +48,8 @@ CudaSegmentBackend::~CudaSegmentBackend() = default;
 
 std::size_t CudaSegmentBackend::capacity() const { return impl_->capacity; }
 int CudaSegmentBackend::device() const { return impl_->device; }
-std::size_t CudaSegmentBackend::driver_calls() const { return impl_->calls; }
+std::size_t CudaSegmentBackend::driver_calls() const { return impl_->log.calls(); }
+std::map<std::string, double> CudaSegmentBackend::driver_us() const { return impl_->log.us(); }
 
 EventId CudaSegmentBackend::record_event(StreamId stream) { return impl_->events.record(stream); }
 bool CudaSegmentBackend::event_completed(EventId event) { return impl_->events.completed(event); }
@@ -70,8 +71,7 @@ CudaMallocBackend::CudaMallocBackend(int device, std::size_t capacity)
 DevicePtr CudaMallocBackend::allocate_segment(std::size_t bytes, StreamId) {
   DeviceGuard guard(impl_->device);
   void* p = nullptr;
-  ++impl_->calls;
-  const cudaError_t err = cudaMalloc(&p, bytes);
+  const cudaError_t err = impl_->log("cudaMalloc", [&] { return cudaMalloc(&p, bytes); });
   if (out_of_memory(err)) return 0;
   check_rt(err, ("cudaMalloc(" + std::to_string(bytes) + " bytes)").c_str());
   return reinterpret_cast<DevicePtr>(p);
@@ -79,8 +79,7 @@ DevicePtr CudaMallocBackend::allocate_segment(std::size_t bytes, StreamId) {
 
 void CudaMallocBackend::free_segment(DevicePtr ptr, std::size_t) {
   DeviceGuard guard(impl_->device);
-  ++impl_->calls;
-  check_rt(cudaFree(reinterpret_cast<void*>(ptr)), "cudaFree");
+  check_rt(impl_->log("cudaFree", [&] { return cudaFree(reinterpret_cast<void*>(ptr)); }), "cudaFree");
 }
 
 // --- cudaMallocAsync ----------------------------------------------------------------------------
@@ -116,9 +115,9 @@ CudaAsyncBackend::~CudaAsyncBackend() {
 DevicePtr CudaAsyncBackend::allocate_segment(std::size_t bytes, StreamId stream) {
   DeviceGuard guard(impl_->device);
   void* p = nullptr;
-  ++impl_->calls;
-  const cudaError_t err =
-      cudaMallocFromPoolAsync(&p, bytes, impl_->pool, reinterpret_cast<cudaStream_t>(stream));
+  const cudaError_t err = impl_->log("cudaMallocFromPoolAsync", [&] {
+    return cudaMallocFromPoolAsync(&p, bytes, impl_->pool, reinterpret_cast<cudaStream_t>(stream));
+  });
   if (out_of_memory(err)) return 0;
   check_rt(err, ("cudaMallocFromPoolAsync(" + std::to_string(bytes) + " bytes)").c_str());
   return reinterpret_cast<DevicePtr>(p);
@@ -126,17 +125,17 @@ DevicePtr CudaAsyncBackend::allocate_segment(std::size_t bytes, StreamId stream)
 
 void CudaAsyncBackend::free_segment(DevicePtr ptr, std::size_t) {
   DeviceGuard guard(impl_->device);
-  ++impl_->calls;
   // Every use has completed (the core saw their events), so no stream needs to order the free.
-  check_rt(cudaFreeAsync(reinterpret_cast<void*>(ptr), nullptr), "cudaFreeAsync");
+  check_rt(impl_->log("cudaFreeAsync", [&] { return cudaFreeAsync(reinterpret_cast<void*>(ptr), nullptr); }),
+           "cudaFreeAsync");
 }
 
 void CudaAsyncBackend::trim() {
   DeviceGuard guard(impl_->device);
-  ++impl_->calls;
   // The frees just queued must have run before the pool can give their memory back.
   check_rt(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
-  check_rt(cudaMemPoolTrimTo(impl_->pool, 0), "cudaMemPoolTrimTo");
+  check_rt(impl_->log("cudaMemPoolTrimTo", [&] { return cudaMemPoolTrimTo(impl_->pool, 0); }),
+           "cudaMemPoolTrimTo");
 }
 
 }  // namespace cuarena

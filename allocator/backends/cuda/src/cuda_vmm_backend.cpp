@@ -24,7 +24,7 @@ struct CudaVmmBackend::Impl {
   std::size_t granule = 0;
   std::size_t capacity = 0;
   std::size_t created = 0;  // physical bytes held
-  std::size_t calls = 0;
+  cuda::CallLog log;
   CUmemAllocationProp prop{};
   CUmemAccessDesc access{};
   // A chunk is one cuMemCreate handle per granule: cuMemMap maps only whole handles (offset 0,
@@ -41,8 +41,7 @@ struct CudaVmmBackend::Impl {
 
   CUmemGenericAllocationHandle create(std::size_t bytes, CUresult& r) {
     CUmemGenericAllocationHandle h = 0;
-    ++calls;
-    r = api.mem_create(&h, bytes, &prop, 0);
+    r = log("cuMemCreate", [&] { return api.mem_create(&h, bytes, &prop, 0); });
     return h;
   }
 };
@@ -84,12 +83,14 @@ CudaVmmBackend::~CudaVmmBackend() {
 std::size_t CudaVmmBackend::granularity() const { return impl_->granule; }
 std::size_t CudaVmmBackend::capacity() const { return impl_->capacity; }
 int CudaVmmBackend::device() const { return impl_->device; }
-std::size_t CudaVmmBackend::driver_calls() const { return impl_->calls; }
+std::size_t CudaVmmBackend::driver_calls() const { return impl_->log.calls(); }
+std::map<std::string, double> CudaVmmBackend::driver_us() const { return impl_->log.us(); }
 
 DevicePtr CudaVmmBackend::reserve_address(std::size_t bytes) {
   CUdeviceptr ptr = 0;
-  ++impl_->calls;
-  const CUresult r = impl_->api.address_reserve(&ptr, bytes, impl_->granule, 0, 0);
+  const CUresult r = impl_->log("cuMemAddressReserve", [&] {
+    return impl_->api.address_reserve(&ptr, bytes, impl_->granule, 0, 0);
+  });
   if (r != CUDA_SUCCESS) {
     throw BackendError(
         impl_->api.describe(r, "cuMemAddressReserve(" + std::to_string(bytes) + " bytes)"));
@@ -98,8 +99,8 @@ DevicePtr CudaVmmBackend::reserve_address(std::size_t bytes) {
 }
 
 void CudaVmmBackend::release_address(DevicePtr va, std::size_t bytes) {
-  ++impl_->calls;
-  cuda::check(impl_->api.address_free(CUdeviceptr(va), bytes), "cuMemAddressFree");
+  cuda::check(impl_->log("cuMemAddressFree", [&] { return impl_->api.address_free(CUdeviceptr(va), bytes); }),
+              "cuMemAddressFree");
 }
 
 PhysHandle CudaVmmBackend::create_physical(std::size_t bytes) {
@@ -142,10 +143,8 @@ void CudaVmmBackend::release_physical(PhysHandle chunk) {
   Impl& m = *impl_;
   auto it = m.chunks.find(chunk);
   if (it == m.chunks.end()) throw BackendError("cuarena: release_physical of an unknown chunk");
-  for (auto h : it->second.handles) {
-    ++m.calls;
-    cuda::check(m.api.mem_release(h), "cuMemRelease");
-  }
+  for (auto h : it->second.handles)
+    cuda::check(m.log("cuMemRelease", [&] { return m.api.mem_release(h); }), "cuMemRelease");
   m.created -= it->second.bytes;
   m.chunks.erase(it);
 }
@@ -158,10 +157,10 @@ void CudaVmmBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std:
   if (c.whole) {
     if (offset != 0 || bytes != c.bytes)
       throw BackendError("cuarena: map of part of a whole chunk (the driver maps handles whole)");
-    ++m.calls;
-    cuda::check(m.api.mem_map(CUdeviceptr(va), bytes, 0, handles.front(), 0), "cuMemMap");
-    ++m.calls;
-    const CUresult r = m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1);
+    cuda::check(m.log("cuMemMap", [&] { return m.api.mem_map(CUdeviceptr(va), bytes, 0, handles.front(), 0); }),
+                "cuMemMap");
+    const CUresult r =
+        m.log("cuMemSetAccess", [&] { return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1); });
     if (r != CUDA_SUCCESS) {
       m.api.mem_unmap(CUdeviceptr(va), bytes);
       throw BackendError(m.api.describe(r, "cuMemSetAccess(" + std::to_string(bytes) + " bytes)"));
@@ -171,16 +170,16 @@ void CudaVmmBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std:
   }
   std::size_t done = 0;
   for (; done < bytes; done += g) {
-    ++m.calls;
-    const CUresult r =
-        m.api.mem_map(CUdeviceptr(va + done), g, 0, handles.at((offset + done) / g), 0);
+    const CUresult r = m.log("cuMemMap", [&] {
+      return m.api.mem_map(CUdeviceptr(va + done), g, 0, handles.at((offset + done) / g), 0);
+    });
     if (r != CUDA_SUCCESS) {
       for (std::size_t u = 0; u < done; u += g) m.api.mem_unmap(CUdeviceptr(va + u), g);
       throw BackendError(m.api.describe(r, "cuMemMap(" + std::to_string(g) + " bytes)"));
     }
   }
-  ++m.calls;
-  const CUresult r = m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1);
+  const CUresult r =
+      m.log("cuMemSetAccess", [&] { return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1); });
   if (r != CUDA_SUCCESS) {
     for (std::size_t u = 0; u < bytes; u += g) m.api.mem_unmap(CUdeviceptr(va + u), g);
     throw BackendError(m.api.describe(r, "cuMemSetAccess(" + std::to_string(bytes) + " bytes)"));
@@ -198,8 +197,7 @@ void CudaVmmBackend::unmap(DevicePtr va, std::size_t bytes) {
       if (done + len > bytes) throw BackendError("cuarena: unmap of part of a whole chunk's mapping");
       m.whole_maps.erase(it);
     }
-    ++m.calls;
-    cuda::check(m.api.mem_unmap(CUdeviceptr(at), len), "cuMemUnmap");
+    cuda::check(m.log("cuMemUnmap", [&] { return m.api.mem_unmap(CUdeviceptr(at), len); }), "cuMemUnmap");
     done += len;
   }
 }

@@ -3,6 +3,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "cuarena/types.hpp"
@@ -44,6 +47,27 @@ class EventPool {
   int device_;
   std::vector<cudaEvent_t> events_;
   std::vector<EventId> free_;
+};
+
+/// Counts driver calls and their host wall time, per call name, in microseconds. Not
+/// thread-safe, like the backend that owns it.
+class CallLog {
+ public:
+  /// Runs f() (one driver call) as `call` (a string literal) and returns its result.
+  template <class F>
+  auto operator()(const char* call, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto result = f();
+    us_[call] += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    ++calls_;
+    return result;
+  }
+  std::size_t calls() const { return calls_; }
+  std::map<std::string, double> us() const { return {us_.begin(), us_.end()}; }
+
+ private:
+  std::map<const char*, double> us_;  // keyed by the literal's address: no string per call
+  std::size_t calls_ = 0;
 };
 
 /// Free and total bytes of `device` (cudaMemGetInfo).

@@ -41,7 +41,8 @@ DevicePtr SimBackend::reserve(std::size_t bytes) {
   }
   const DevicePtr base = next_va_;
   next_va_ += bytes + g;  // a guard granule between ranges catches overruns
-  ranges_.push_back({base, bytes, std::vector<PhysHandle>(bytes / g, 0)});
+  ranges_.push_back({base, bytes, std::vector<PhysHandle>(bytes / g, 0),
+                     std::vector<std::size_t>(bytes / g, 0)});
   return base;
 }
 
@@ -111,7 +112,10 @@ void SimBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::siz
   for (std::size_t i = first; i < first + count; ++i) {
     if (r.mapped[i] != 0) misuse("map over an already mapped granule");
   }
-  for (std::size_t i = first; i < first + count; ++i) r.mapped[i] = chunk;
+  for (std::size_t i = first; i < first + count; ++i) {
+    r.mapped[i] = chunk;
+    r.offset[i] = offset + (i - first) * g;
+  }
   it->second.mappings += count;
   ++map_calls_;
 }
@@ -161,6 +165,16 @@ void SimBackend::free_segment(DevicePtr ptr, std::size_t bytes) {
   chunks_.erase(r->mapped.front());
   physical_bytes_ -= bytes;
   ranges_.erase(ranges_.begin() + (r - ranges_.data()));
+}
+
+SimBackend::Backing SimBackend::backing(DevicePtr addr) const {
+  const Range* r = find_range(addr);
+  if (r == nullptr) return {};
+  const std::size_t g = options_.granularity;
+  const std::size_t i = (addr - r->base) / g;
+  if (r->mapped[i] == 0) return {};
+  const std::size_t in_granule = (addr - r->base) % g;
+  return {r->mapped[i], r->segment ? addr - r->base : r->offset[i] + in_granule};
 }
 
 bool SimBackend::is_mapped(DevicePtr addr, std::size_t bytes) const {

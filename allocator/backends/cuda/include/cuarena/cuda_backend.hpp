@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "cuarena/config.hpp"
 #include "cuarena/device_backend.hpp"
@@ -25,6 +27,8 @@ class CudaBackend : public DeviceBackend {
   /// Driver/runtime memory calls made so far (create/release/map/unmap/set-access, or
   /// segment allocations and frees), for cost accounting.
   virtual std::size_t driver_calls() const = 0;
+  /// Host wall time spent in those calls, in microseconds, by call ("cuMemMap", ...).
+  virtual std::map<std::string, double> driver_us() const = 0;
 };
 
 /// The backend for `upstream` on CUDA device `device`, limited to `capacity` bytes of device

@@ -30,6 +30,7 @@ class CudaSegmentBackend : public CudaBackend {
   std::size_t capacity() const override;
   int device() const override;
   std::size_t driver_calls() const override;
+  std::map<std::string, double> driver_us() const override;
   bool supports_mapping() const override { return false; }
 
   EventId record_event(StreamId stream) override;

@@ -47,6 +47,7 @@ class CudaVmmBackend final : public CudaBackend {
   int device() const override;
   /// Driver calls made so far (cuMemCreate/Release/Map/Unmap/SetAccess), for cost accounting.
   std::size_t driver_calls() const override;
+  std::map<std::string, double> driver_us() const override;
 
  private:
   struct Impl;

@@ -63,6 +63,13 @@ class SimBackend final : public DeviceBackend {
   std::size_t peak_physical_bytes() const { return peak_physical_bytes_; }
   /// True when every granule overlapping [addr, addr+bytes) is mapped.
   bool is_mapped(DevicePtr addr, std::size_t bytes) const;
+  /// The physical memory behind the byte at `addr`: its chunk (0 when unmapped) and the byte's
+  /// offset in that chunk. Lets tests check that live blocks never share physical bytes.
+  struct Backing {
+    PhysHandle chunk = 0;
+    std::size_t offset = 0;
+  };
+  Backing backing(DevicePtr addr) const;
   std::size_t map_calls() const { return map_calls_; }
   std::size_t unmap_calls() const { return unmap_calls_; }
   std::size_t live_events() const { return events_.size(); }
@@ -72,7 +79,8 @@ class SimBackend final : public DeviceBackend {
   struct Range {
     DevicePtr base;
     std::size_t size;
-    std::vector<PhysHandle> mapped;  // per granule: the chunk mapped there, 0 if none
+    std::vector<PhysHandle> mapped;   // per granule: the chunk mapped there, 0 if none
+    std::vector<std::size_t> offset;  // per granule: its byte offset in that chunk
     bool segment = false;            // from allocate_segment(): backed by its own chunk
   };
   struct Chunk {
