@@ -206,6 +206,13 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   StreamPool& sp = stream_pool(stream);
   auto own = sp.free.lower_bound(size);
   Block* b = own == sp.free.end() ? nullptr : *own;
+  if (b != nullptr && b->size > size) {
+    // A tighter shared block that needs no new memory beats a looser owned one, as one best fit
+    // over both would choose (PyTorch's single best fit): splitting a looser block than needed
+    // costs 8-12% more memory on the bundled training traces.
+    auto it = shared_free_.lower_bound(size);
+    if (it != shared_free_.end() && (*it)->size < b->size && missing_granules(*it, size) == 0) b = *it;
+  }
   if (b == nullptr) {
     // Miss on the stream's own blocks: let finished streams' blocks become shared first.
     poll_sweeps();
