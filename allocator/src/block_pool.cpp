@@ -33,12 +33,17 @@ BlockPool::~BlockPool() {
       }
       continue;
     }
-    for (std::size_t g = 0, hw = a.high_water(); g < hw; ++g) {
-      if (!a.has_mapping(g)) continue;
+    for (std::size_t g = 0, hw = a.high_water(); g < hw;) {
+      if (!a.has_mapping(g)) {
+        ++g;
+        continue;
+      }
+      const std::size_t n = mapping_granules(a, g);
       try {
-        unmap_run(a, g, 1);
+        unmap_run(a, g, n);
       } catch (...) {  // a destructor must not throw; the device is going away anyway
       }
+      g += n;
     }
     try {
       ctx_.backend.release_address(a.base(), a.size());
@@ -276,9 +281,20 @@ const Block* BlockPool::shared_holder(const Arena& a, std::size_t g) const {
 bool BlockPool::reclaimable(const Arena& a, std::size_t g) const {
   if (!a.is_dormant(g)) return false;
   const PhysRef p = a.phys(g);
-  if (phys_.is_idle(p)) return true;
+  if (phys_.whole(p.chunk) ? phys_.is_idle_whole(p.chunk) : phys_.is_idle(p)) return true;
+  return active_holder(p) != nullptr;
+}
+
+const Block* BlockPool::active_holder(PhysRef p) const {
   const auto& active = phys_.active(p);
-  return active.size() == 1 && shared_holder(*active.front().arena, active.front().granule) != nullptr;
+  if (active.size() != 1) return nullptr;
+  const Arena& a = *active.front().arena;
+  const std::size_t g = active.front().granule;
+  if (!phys_.whole(p.chunk)) return shared_holder(a, g);
+  // A whole chunk moves only if one shared free block holds all of its active mapping.
+  const std::size_t start = g - p.offset;
+  const Block* b = shared_holder(a, start);
+  return b != nullptr && b == shared_holder(a, start + phys_.granules(p.chunk) - 1) ? b : nullptr;
 }
 
 Block* BlockPool::best_shared(std::size_t size) {
@@ -310,9 +326,9 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   for (std::size_t g = first; g < last; ++g) {
     if (!a.is_mapped(g)) holes.push_back(g);
   }
-  reactivate(a, holes);
+  reactivate(b, a, holes);
   reclaim_dormant(a, holes);
-  reactivate(a, holes);
+  reactivate(b, a, holes);
   std::size_t need = holes.size();
   if (need == 0) return true;
   // A hole granule that sticks out of b is shared with a free neighbour that other streams may
@@ -324,6 +340,9 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
 
   const std::size_t gran = ctx_.granule;
   auto creates = [&](std::size_t have) { return (need - std::min(need, have)) * gran; };
+  // Idle granules, counting whole chunks (an upper bound: a whole chunk backs only a hole run
+  // at least its size).
+  auto idle_now = [&] { return phys_.idle_granules() + phys_.idle_whole_granules(); };
   std::size_t reclaimed_idle = 0;
   std::vector<PhysRef> aliases;
   // Growing is allowed below the soft limit and below cache_slack over the peak of allocated
@@ -332,19 +351,19 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
       (1.0 + ctx_.config.cache_slack) *
       double(ctx_.stats.allocated_bytes[int(Pool::kAll)].peak));
   const std::size_t soft = std::max(ctx_.soft_limit, ctx_.config.cache_slack > 0 ? slack_limit : 0);
-  if (ctx_.reserved() + creates(phys_.idle_granules()) > soft) {
+  if (ctx_.reserved() + creates(idle_now()) > soft) {
     // Reuse before growing. b is detached, so sweeps finishing here cannot coalesce it away.
     record_sweeps();
     poll_sweeps();
-    const std::size_t before = phys_.idle_granules();
+    const std::size_t before = idle_now();
     steal(need);
-    reclaimed_idle = phys_.idle_granules() - std::min(before, phys_.idle_granules());
+    reclaimed_idle = idle_now() - std::min(before, idle_now());
     // Stealing may have freed the very granules some holes map dormant.
-    reactivate(a, holes);
+    reactivate(b, a, holes);
     need = holes.size();
     if (need == 0) return true;
     inner = std::size_t(std::count_if(holes.begin(), holes.end(), inside));
-    const std::size_t idle = phys_.idle_granules();
+    const std::size_t idle = idle_now();
     if (ctx_.config.stream_alias && idle < need && inner > 0 &&
         ctx_.reserved() + creates(idle) > soft) {
       StreamPool& sp = stream_pool(stream);
@@ -353,31 +372,79 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
       if (ctx_.reserved() + creates(idle + aliasable(sp, want)) <= ctx_.limit) alias(sp, want, aliases);
     }
   }
-  const std::size_t have = std::min(need, phys_.idle_granules() + aliases.size());
-  const std::size_t fresh = need - have;
-  if (ctx_.reserved() + fresh * gran > ctx_.limit) return false;
+  // Idle whole chunks back the hole runs they fit; idle movable granules, aliases and fresh
+  // granules fill the rest.
+  std::vector<PhysRef> supply(need);
+  std::vector<std::uint32_t> wholes;  // taken whole chunks, given back if the device refuses
+  const std::size_t packed = pack_whole(holes, supply, wholes);
+  const std::size_t rest = need - packed;
+  const std::size_t have = std::min(rest, phys_.idle_granules() + aliases.size());
+  const std::size_t fresh = rest - have;
+  // Whole chunks that fit nowhere here are released before growing past the soft limit: their
+  // bytes come back in the shape needed (a few calls instead of one per granule).
+  while (fresh > 0 && ctx_.reserved() + fresh * gran > soft && !phys_.idle_whole_empty())
+    release_idle_whole(phys_.idle_whole().rbegin()->second);
+  auto give_back = [&](const std::vector<PhysRef>& taken) {
+    for (const PhysRef& p : taken) phys_.put_idle(p);
+    for (const std::uint32_t c : wholes) phys_.put_idle_whole(c);
+  };
+  if (ctx_.reserved() + fresh * gran > ctx_.limit) {
+    give_back({});
+    return false;
+  }
 
   std::vector<PhysRef> taken;  // idle granules, given back if the device refuses
-  while (aliases.size() + taken.size() < need && phys_.idle_granules() > 0)
+  while (aliases.size() + taken.size() < rest && phys_.idle_granules() > 0)
     taken.push_back(phys_.take_idle());
   // Aliases go only to holes wholly inside b; idle granules fill the rest, then fresh ones.
-  std::vector<PhysRef> supply(need);
   std::vector<std::size_t> unfilled;
   std::size_t next_alias = 0, next_taken = 0;
   for (std::size_t i = 0; i < need; ++i) {
+    if (supply[i].valid()) continue;
     if (next_alias < aliases.size() && inside(holes[i])) supply[i] = aliases[next_alias++];
     else if (next_taken < taken.size()) supply[i] = taken[next_taken++];
     else unfilled.push_back(i);
   }
   if (!create_fresh(holes, unfilled, supply)) {
-    for (const PhysRef& p : taken) phys_.put_idle(p);
+    give_back(taken);
     return false;  // the device refused; aliased granules return after their sweep
   }
   unmap_dormant(a, holes);
   map_granules(a, holes, supply);
   ctx_.stats.granules_aliased += std::int64_t(aliases.size());
-  if (reclaimed_idle + aliases.size() > 0 || have > aliases.size()) ++ctx_.stats.stitched_ranges;
+  if (reclaimed_idle + aliases.size() + packed > 0 || have > aliases.size()) ++ctx_.stats.stitched_ranges;
   return true;
+}
+
+std::size_t BlockPool::pack_whole(const std::vector<std::size_t>& holes, std::vector<PhysRef>& supply,
+                                  std::vector<std::uint32_t>& wholes) {
+  // Each run of consecutive holes takes the largest idle whole chunks that fit it, in order.
+  std::size_t packed = 0;
+  for (std::size_t i = 0; i < holes.size() && !phys_.idle_whole_empty();) {
+    std::size_t j = i + 1;
+    while (j < holes.size() && holes[j] == holes[j - 1] + 1) ++j;
+    while (j - i >= 2) {
+      const std::uint32_t c = phys_.largest_idle_whole(j - i);
+      if (c == 0) break;
+      phys_.take_whole(c);
+      wholes.push_back(c);
+      const std::size_t n = phys_.granules(c);
+      for (std::size_t k = 0; k < n; ++k) supply[i + k] = {c, std::uint32_t(k)};
+      i += n;
+      packed += n;
+    }
+    i = j;
+  }
+  return packed;
+}
+
+void BlockPool::release_idle_whole(std::uint32_t chunk) {
+  const PhysRef first{chunk, 0};
+  while (!phys_.dormant(first).empty()) {
+    const PhysicalPool::Mapping m = phys_.dormant(first).front();
+    unmap_run(const_cast<Arena&>(*m.arena), m.granule, phys_.granules(chunk));
+  }
+  phys_.discard(chunk);
 }
 
 bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
@@ -448,60 +515,105 @@ void BlockPool::unmap_run(Arena& a, std::size_t first, std::size_t count) {
   ctx_.stats.granules_unmapped += std::int64_t(count);
 }
 
+std::size_t BlockPool::mapping_granules(const Arena& a, std::size_t g) const {
+  const PhysRef p = a.phys(g);
+  return phys_.whole(p.chunk) ? phys_.granules(p.chunk) - p.offset : 1;
+}
+
 void BlockPool::make_dormant(Arena& a, std::size_t g) {
   const unsigned cap = ctx_.config.dormant_maps;
   const PhysRef p = a.phys(g);
+  // A whole chunk's mapping changes state as one piece.
+  const std::size_t start = g - (phys_.whole(p.chunk) ? p.offset : 0);
+  const std::size_t n = phys_.whole(p.chunk) ? phys_.granules(p.chunk) : 1;
   if (cap == 0) {
-    unmap_run(a, g, 1);
+    unmap_run(a, start, n);
     return;
   }
-  a.set_dormant(g, true);
-  phys_.unmapped(p, {&a, g});
-  phys_.add_dormant(p, {&a, g});
-  if (phys_.dormant(p).size() > cap) {
-    const PhysicalPool::Mapping oldest = phys_.dormant(p).front();
-    unmap_run(const_cast<Arena&>(*oldest.arena), oldest.granule, 1);
+  for (std::size_t k = start; k < start + n; ++k) {
+    const PhysRef q = a.phys(k);
+    a.set_dormant(k, true);
+    phys_.unmapped(q, {&a, k});
+    phys_.add_dormant(q, {&a, k});
+  }
+  const PhysRef head = a.phys(start);
+  if (phys_.dormant(head).size() > cap) {
+    const PhysicalPool::Mapping oldest = phys_.dormant(head).front();
+    unmap_run(const_cast<Arena&>(*oldest.arena), oldest.granule, n);
   }
 }
 
-void BlockPool::reactivate(Arena& a, std::vector<std::size_t>& holes) {
+void BlockPool::reactivate(Block* b, Arena& a, std::vector<std::size_t>& holes) {
   std::size_t n = 0;
-  auto taken_back = [&](std::size_t g) {
-    if (!a.is_dormant(g) || !phys_.is_idle(a.phys(g))) return false;
+  bool spilled = false;  // a whole chunk came back active past the holes, in a free neighbour
+  for (const std::size_t g : holes) {
+    if (!a.is_dormant(g)) continue;
     const PhysRef p = a.phys(g);
+    if (phys_.whole(p.chunk)) {
+      if (!phys_.is_idle_whole(p.chunk)) continue;
+      const std::size_t start = g - p.offset, count = phys_.granules(p.chunk);
+      phys_.take_whole(p.chunk);
+      for (std::size_t k = start; k < start + count; ++k) {
+        const PhysRef q = a.phys(k);
+        phys_.remove_dormant(q, {&a, k});
+        phys_.mapped(q, {&a, k});
+        a.set_dormant(k, false);
+      }
+      n += count;
+      spilled |= start < holes.front() || start + count > holes.back() + 1;
+      continue;
+    }
+    if (!phys_.is_idle(p)) continue;
     phys_.take(p);
     phys_.remove_dormant(p, {&a, g});
     phys_.mapped(p, {&a, g});
     a.set_dormant(g, false);
     ++n;
-    return true;
-  };
-  holes.erase(std::remove_if(holes.begin(), holes.end(), taken_back), holes.end());
+  }
+  if (n == 0) return;
+  holes.erase(std::remove_if(holes.begin(), holes.end(), [&](std::size_t g) { return a.is_mapped(g); }),
+              holes.end());
   ctx_.stats.granules_reactivated += std::int64_t(n);
+  // Active granules in a shared free block must be findable by steal().
+  if (spilled) {
+    for (Block* nb : {b->prev, b->next}) {
+      if (nb != nullptr && nb->is_free() && nb->shared && !Lru::contains(nb)) warm_.push_back(nb);
+    }
+  }
 }
 
 void BlockPool::reclaim_dormant(const Arena& a, const std::vector<std::size_t>& holes) {
   for (const std::size_t h : holes) {
     if (!a.is_dormant(h)) continue;
-    const auto& active = phys_.active(a.phys(h));
-    if (active.size() != 1) continue;
-    const PhysicalPool::Mapping m = active.front();
-    const Block* holder = shared_holder(*m.arena, m.granule);
+    const PhysRef p = a.phys(h);
+    const Block* holder = active_holder(p);
     if (holder == nullptr) continue;
+    const PhysicalPool::Mapping m = phys_.active(p).front();
     make_dormant(*holder->arena, m.granule);
-    ++ctx_.stats.granules_stolen;
+    ctx_.stats.granules_stolen += std::int64_t(phys_.whole(p.chunk) ? phys_.granules(p.chunk) : 1);
   }
 }
 
 void BlockPool::unmap_dormant(Arena& a, const std::vector<std::size_t>& holes) {
+  // One call per run of dormant movable granules; a whole chunk's mapping goes whole, even
+  // where it reaches past the holes into the free block above.
   for (std::size_t i = 0; i < holes.size();) {
-    if (!a.is_dormant(holes[i])) {
+    const std::size_t g = holes[i];
+    if (!a.is_dormant(g)) {
+      ++i;
+      continue;
+    }
+    if (phys_.whole(a.phys(g).chunk)) {
+      const std::size_t start = g - a.phys(g).offset;
+      unmap_run(a, start, phys_.granules(a.phys(g).chunk));
       ++i;
       continue;
     }
     std::size_t j = i + 1;
-    while (j < holes.size() && holes[j] == holes[j - 1] + 1 && a.is_dormant(holes[j])) ++j;
-    unmap_run(a, holes[i], j - i);
+    while (j < holes.size() && holes[j] == holes[j - 1] + 1 && a.is_dormant(holes[j]) &&
+           !phys_.whole(a.phys(holes[j]).chunk))
+      ++j;
+    unmap_run(a, g, j - i);
     i = j;
   }
 }
@@ -510,26 +622,21 @@ void BlockPool::steal(std::size_t target) {
   ++ctx_.stats.defrag_passes;
   // Movable granules first; whole chunks (released, their bytes created anew in the shape the
   // request needs) only if that is not enough, since that may release more than asked for.
-  const std::size_t before = phys_.idle_granules();
-  std::size_t released = 0;
-  auto short_by = [&] {
-    const std::size_t have = phys_.idle_granules() + released;
-    return have < target ? target - have : 0;
-  };
+  auto idle = [&] { return phys_.idle_granules() + phys_.idle_whole_granules(); };
+  const std::size_t before = idle();
+  auto short_by = [&] { return idle() < target ? target - idle() : 0; };
   for (Take take : {Take::kMovable, Take::kWholeToo}) {
     for (Block* b = warm_.front(); b != nullptr && short_by() > 0;) {
       Block* next = Lru::next(b);
-      unmap_interior(b, short_by(), take, &released);
+      unmap_interior(b, short_by(), take);
       b = next;
     }
     if (short_by() == 0) break;
   }
-  ctx_.stats.granules_stolen +=
-      std::int64_t(released + phys_.idle_granules() - std::min(before, phys_.idle_granules()));
+  ctx_.stats.granules_stolen += std::int64_t(idle() - std::min(before, idle()));
 }
 
-void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take,
-                               std::size_t* released) {
+void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
   Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
   a.interior(b->addr, b->size, first, last);
@@ -553,12 +660,9 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take,
         if (take == Take::kMovable || (limited && got >= max_granules)) {
           remaining = true;
         } else {
-          unmap_run(a, start, n);
-          if (take == Take::kWholeToo) {
-            phys_.release_if_idle(top.chunk);
-            got += n;
-            *released += n;
-          }
+          if (take == Take::kAll) unmap_run(a, start, n);
+          else make_dormant(a, start);  // idle as one piece, for a run it fits
+          got += n;
         }
       }
       g = start > first ? start : first;
@@ -684,8 +788,7 @@ void BlockPool::synchronize() {
 
 std::size_t BlockPool::release_cached() {
   if (segments_) return release_free_segments();
-  std::size_t released = 0;
-  while (!warm_.empty()) unmap_interior(warm_.front(), SIZE_MAX, Take::kAll, &released);
+  while (!warm_.empty()) unmap_interior(warm_.front(), SIZE_MAX, Take::kAll);
   // Dormant mappings keep their chunks from being released.
   for (auto& arena : arenas_) {
     Arena& a = *arena;

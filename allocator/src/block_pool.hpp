@@ -184,13 +184,13 @@ class BlockPool {
   void steal(std::size_t target);
   enum class Take {
     kMovable,   ///< movable granules only
-    kWholeToo,  ///< also whole chunks lying wholly inside, released at once
-    kAll,       ///< everything inside (release_cached); whole chunks left idle, not released
+    kWholeToo,  ///< also whole chunks lying wholly inside (they become idle whole chunks)
+    kAll,       ///< everything inside, unmapped (release_cached)
   };
-  /// Unmaps cached granules wholly inside shared block b, from the top, until `max_granules`
-  /// have become idle or been released (kAll: no limit); adds whole-chunk granules released to
-  /// `*released`. Leaves b in warm_ while it still holds stealable granules.
-  void unmap_interior(Block* b, std::size_t max_granules, Take take, std::size_t* released);
+  /// Frees cached granules wholly inside shared block b, from the top, until `max_granules`
+  /// have become idle (kAll: all, unmapped; otherwise made dormant where dormant_maps allows).
+  /// Leaves b in warm_ while it still holds stealable granules.
+  void unmap_interior(Block* b, std::size_t max_granules, Take take);
   /// Creates physical memory for holes[unfilled[i]] into supply: whole chunks for long runs.
   /// False (nothing created) when the limit or the device refuses.
   bool create_fresh(const std::vector<std::size_t>& holes, const std::vector<std::size_t>& unfilled,
@@ -206,9 +206,20 @@ class BlockPool {
   /// Retires the active mapping at granule g (its physical granule is no longer used there):
   /// dormant if dormant_maps allows, evicting the granule's oldest dormant mapping past the cap.
   void make_dormant(Arena& a, std::size_t g);
-  /// Takes back, with no driver call, the hole granules whose dormant physical granule is idle;
-  /// removes them from `holes`.
-  void reactivate(Arena& a, std::vector<std::size_t>& holes);
+  /// Takes back, with no driver call, the hole granules (of detached block b) whose dormant
+  /// physical granule is idle, and removes them from `holes`. A whole chunk comes back whole.
+  void reactivate(Block* b, Arena& a, std::vector<std::size_t>& holes);
+  /// Assigns idle whole chunks to the runs of consecutive holes they fit (largest first),
+  /// filling `supply` and taking them (listed in `wholes`). Returns the granules so backed.
+  std::size_t pack_whole(const std::vector<std::size_t>& holes, std::vector<PhysRef>& supply,
+                         std::vector<std::uint32_t>& wholes);
+  /// Unmaps every dormant mapping of an idle whole chunk and releases it.
+  void release_idle_whole(std::uint32_t chunk);
+  /// Granules from g to the end of the mapping there (1, or the rest of a whole chunk).
+  std::size_t mapping_granules(const Arena& a, std::size_t g) const;
+  /// The shared free block holding all of p's only active mapping (all of its whole chunk's),
+  /// or nullptr.
+  const Block* active_holder(PhysRef p) const;
   /// For hole granules whose dormant physical granule is active only inside a shared free
   /// block, makes that mapping dormant instead (no driver call), so reactivate() can take it.
   void reclaim_dormant(const Arena& a, const std::vector<std::size_t>& holes);

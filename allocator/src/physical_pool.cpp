@@ -41,9 +41,7 @@ void PhysicalPool::put_idle(PhysRef p) {
 }
 
 void PhysicalPool::add_dormant(PhysRef p, Mapping m) {
-  Chunk& c = chunks_.at(p.chunk);
-  if (c.whole) throw std::logic_error("cuarena: a whole chunk mapped dormant");
-  c.dormant[p.offset].push_back(m);
+  chunks_.at(p.chunk).dormant[p.offset].push_back(m);
 }
 
 void PhysicalPool::remove_dormant(PhysRef p, Mapping m) {
@@ -79,15 +77,35 @@ PhysRef PhysicalPool::create(std::size_t granules, bool whole) {
 void PhysicalPool::discard(std::uint32_t chunk) {
   auto it = chunks_.find(chunk);
   const std::size_t bytes = it->second.maps.size() * ctx_.granule;
+  if (it->second.whole) idle_whole_.erase({it->second.maps.size(), chunk});
   ctx_.backend.release_physical(it->second.handle);
   ++ctx_.stats.num_device_free;
   ctx_.add_reserved(Pool::kLarge, -std::int64_t(bytes));
   chunks_.erase(it);
 }
 
-void PhysicalPool::release_if_idle(std::uint32_t chunk) {
-  const Chunk& c = chunks_.at(chunk);
-  if (c.whole && c.idle == c.maps.size()) discard(chunk);
+void PhysicalPool::take_whole(std::uint32_t chunk) {
+  Chunk& c = chunks_.at(chunk);
+  if (!c.whole || idle_whole_.erase({c.maps.size(), chunk}) == 0)
+    throw std::logic_error("cuarena: taking a whole chunk that is not idle");
+  c.idle = 0;
+}
+
+void PhysicalPool::put_idle_whole(std::uint32_t chunk) {
+  Chunk& c = chunks_.at(chunk);
+  c.idle = c.maps.size();
+  idle_whole_.insert({c.maps.size(), chunk});
+}
+
+std::uint32_t PhysicalPool::largest_idle_whole(std::size_t max_granules) const {
+  auto it = idle_whole_.upper_bound({max_granules, UINT32_MAX});
+  return it == idle_whole_.begin() ? 0 : std::prev(it)->second;
+}
+
+std::size_t PhysicalPool::idle_whole_granules() const {
+  std::size_t n = 0;
+  for (const auto& [granules, chunk] : idle_whole_) n += granules;
+  return n;
 }
 
 void PhysicalPool::mapped(PhysRef p, Mapping m) {
@@ -105,8 +123,8 @@ void PhysicalPool::unmapped(PhysRef p, Mapping m) {
   if (it == list.end()) throw std::logic_error("cuarena: unmapping an active mapping not recorded");
   list.erase(it);
   if (--c.maps[p.offset] == 0) {
-    if (c.whole) ++c.idle;
-    else put_idle(p);
+    if (!c.whole) put_idle(p);
+    else if (++c.idle == c.maps.size()) idle_whole_.insert({c.maps.size(), p.chunk});
   }
 }
 
@@ -163,12 +181,12 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
   // Each mapping of a whole chunk must be all of it, in order.
   for (const Arena* a : arenas) {
     for (std::size_t g = 0; g < a->high_water(); ++g) {
-      if (!a->is_mapped(g)) continue;
+      if (!a->has_mapping(g)) continue;
       const PhysRef p = a->phys(g);
       const Chunk& c = chunks_.at(p.chunk);
       if (!c.whole || p.offset != 0) continue;
       for (std::uint32_t o = 0; o < c.maps.size(); ++o) {
-        if (a->phys(g + o) != PhysRef{p.chunk, o})
+        if (a->phys(g + o) != PhysRef{p.chunk, o} || a->is_dormant(g + o) != a->is_dormant(g))
           throw std::logic_error("cuarena invariant violated: a whole chunk mapped in part");
       }
     }
@@ -197,6 +215,13 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
   }
   if (idle != idle_.size())
     throw std::logic_error("cuarena invariant violated: idle list disagrees with map counts");
+  for (const auto& [id, c] : chunks_) {
+    if (c.whole && (c.idle == c.maps.size()) != (idle_whole_.count({c.maps.size(), id}) == 1))
+      throw std::logic_error("cuarena invariant violated: idle whole chunks disagree with map counts");
+  }
+  for (const auto& [granules, id] : idle_whole_) {
+    if (!chunks_.count(id)) throw std::logic_error("cuarena invariant violated: a released chunk is idle");
+  }
   if (total * ctx_.granule != expected_bytes)
     throw std::logic_error("cuarena invariant violated: chunks disagree with reserved_bytes");
 }

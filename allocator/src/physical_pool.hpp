@@ -8,20 +8,24 @@
 // it moved, which can take it back with no driver call while it is idle. A chunk whose
 // granules are all idle and have no dormant mapping can be released to the device.
 //
-// A *whole* chunk (several granules, one backend allocation) is mapped only as a whole, at
-// consecutive virtual granules in order, and unmapped as a whole: it backs a large request where
-// it was created and is never stolen or aliased. It is released when it is mapped nowhere.
+// A *whole* chunk (several granules, one backend allocation) is mapped, made dormant, taken back
+// and unmapped only as a whole, at consecutive virtual granules in order. It moves as one piece:
+// when no mapping of it is active it is idle (in `idle_whole_`, by size), and may back a run of
+// at least its size in another request; it is never aliased.
 //
 // Invariants kept here: for every granule, maps == number of virtual granules actively mapping
 // it, and `active` lists them; `dormant` lists exactly the virtual granules mapping it dormant,
 // at most config dormant_maps of them; a granule of a chunk that is not whole is in `idle_` (at
-// idle_pos) iff maps == 0 and it is not taken; chunk.idle == its granules with maps == 0 and not
-// taken; each mapping of a whole chunk covers all its granules, in order, and is never dormant.
+// idle_pos) iff maps == 0 and it is not taken; a whole chunk is in `idle_whole_` iff no granule
+// of it is mapped active and it is not taken; chunk.idle == its granules with maps == 0 and not
+// taken; each mapping of a whole chunk, active or dormant, covers all its granules, in order.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "arena.hpp"
@@ -59,9 +63,20 @@ class PhysicalPool {
   /// Releases a chunk that is mapped nowhere and has no granule in the idle list (one create()
   /// just made that a later step could not use, or one leaving via release_idle_chunks()).
   void discard(std::uint32_t chunk);
-  /// Releases a whole chunk that is mapped nowhere (stolen: its bytes are created anew in the
-  /// shape the next request needs, which costs a few calls rather than one per granule).
-  void release_if_idle(std::uint32_t chunk);
+  /// Idle whole chunks: taken as a whole (the caller maps it at once), or made idle when the
+  /// caller chose not to use a chunk it took.
+  void take_whole(std::uint32_t chunk);
+  void put_idle_whole(std::uint32_t chunk);
+  /// The largest idle whole chunk of at most `max_granules` granules, or 0.
+  std::uint32_t largest_idle_whole(std::size_t max_granules) const;
+  bool idle_whole_empty() const { return idle_whole_.empty(); }
+  bool is_idle_whole(std::uint32_t chunk) const {
+    const Chunk& c = chunks_.at(chunk);
+    return c.whole && idle_whole_.count({c.maps.size(), chunk}) == 1;
+  }
+  std::size_t idle_whole_granules() const;  // O(idle whole chunks)
+  /// Idle whole chunks by size, smallest first: (granules, chunk).
+  const std::set<std::pair<std::size_t, std::uint32_t>>& idle_whole() const { return idle_whole_; }
   bool whole(std::uint32_t chunk) const { return chunks_.at(chunk).whole; }
   std::size_t granules(std::uint32_t chunk) const { return chunks_.at(chunk).maps.size(); }
 
@@ -100,6 +115,7 @@ class PhysicalPool {
   Context& ctx_;
   std::unordered_map<std::uint32_t, Chunk> chunks_;
   std::vector<PhysRef> idle_;
+  std::set<std::pair<std::size_t, std::uint32_t>> idle_whole_;  // (granules, chunk)
   std::uint32_t next_chunk_ = 1;
 };
 

@@ -143,6 +143,8 @@ const Scenario kScenarios[] = {
     {"no_slabs_fine_classes", 2 * GiB, 5, "small_limit:512,size_classes_per_doubling:8", 2000},
     {"threshold_half", 1 * GiB, 5, "defrag_threshold:0.5,sweep_interval:3", 2000},
     {"whole_chunks_tight", 512 * MiB, 10, "whole_chunk_min:4MiB", 3000},
+    {"whole_chunks_roomy_one_dormant", 4 * GiB, 3, "whole_chunk_min:4MiB,dormant_maps:1", 3000},
+    {"whole_chunks_no_dormant", 512 * MiB, 10, "whole_chunk_min:4MiB,dormant_maps:0", 2000},
     {"one_dormant_map_tight", 384 * MiB, 10, "dormant_maps:1", 3000},
     {"no_dormant_maps_tight", 384 * MiB, 10, "dormant_maps:0", 2000},
     {"segments_roomy", 8 * GiB, 1, "upstream:malloc", 3000},

@@ -35,20 +35,24 @@ TEST(WholeChunk, ShortRunsStayMovableGranules) {
   b.check_invariants();
 }
 
-TEST(WholeChunk, StolenWholeChunkIsReleasedAndItsBytesReused) {
+TEST(WholeChunk, AStolenWholeChunkMovesAsOnePiece) {
   SimBackend sim(sim_options(100 * MiB));
   Allocator a(sim, Config::parse("whole_chunk_min:8MiB,sweep_interval:1,small_limit:512"));
   void* p = a.allocate(64 * MiB, 1);
   void* pin = a.allocate(2 * MiB, 1);  // keeps p's block from merging with the space above
+  const PhysHandle chunk = sim.backing(addr(p)).chunk;
   a.deallocate(p);
   a.process_events();
   sim.advance(10);
-  // Stream 2 cannot reuse p's block in place (it asks for more than p had), so the device limit
-  // forces p's whole chunk to be released and its bytes created in the new shape.
+  // Stream 2 cannot reuse p's block in place (it asks for more than p had), so p's whole chunk
+  // is mapped, whole, under the new block: no release, no new chunk for its bytes.
+  const std::size_t maps = sim.map_calls();
   void* q = a.allocate(90 * MiB, 2);
   EXPECT_TRUE(sim.is_mapped(addr(q), 90 * MiB));
+  EXPECT_EQ(sim.backing(addr(q)).chunk, chunk);
+  EXPECT_EQ(sim.map_calls(), maps + 2) << "the moved chunk and one fresh chunk";
   EXPECT_LE(sim.physical_bytes(), 92 * MiB);
-  EXPECT_EQ(a.stats().num_device_free, 1);
+  EXPECT_EQ(a.stats().num_device_free, 0);
   EXPECT_GE(a.stats().granules_stolen, 32);
   a.check_invariants();
   a.deallocate(q);
@@ -56,6 +60,29 @@ TEST(WholeChunk, StolenWholeChunkIsReleasedAndItsBytesReused) {
   a.release_cached();
   EXPECT_EQ(sim.physical_bytes(), 0u);
   a.check_invariants();
+}
+
+TEST(WholeChunk, AWholeChunkThatFitsNowhereIsReleasedBeforeGrowing) {
+  SimBackend sim(sim_options(200 * MiB));
+  Allocator a(sim, Config::parse("whole_chunk_min:8MiB,sweep_interval:1,small_limit:512"));
+  void* p1 = a.allocate(64 * MiB, 1);
+  void* pin1 = a.allocate(2 * MiB, 1);
+  void* p2 = a.allocate(64 * MiB, 1);
+  void* pin2 = a.allocate(2 * MiB, 1);
+  a.deallocate(p1);
+  a.deallocate(p2);
+  a.process_events();
+  sim.advance(10);
+  // 48 granules: one 32-granule chunk moves under it; the other cannot back the 16 left, so it
+  // is released and 16 granules are created in its place: memory stays flat.
+  void* q = a.allocate(96 * MiB, 2);
+  EXPECT_TRUE(sim.is_mapped(addr(q), 96 * MiB));
+  EXPECT_EQ(a.stats().num_device_free, 1);
+  EXPECT_LE(sim.physical_bytes(), 100 * MiB);
+  a.check_invariants();
+  for (void* x : {q, pin1, pin2}) a.deallocate(x);
+  a.release_cached();
+  EXPECT_EQ(sim.physical_bytes(), 0u);
 }
 
 TEST(WholeChunk, PartOfAWholeChunkIsNeverUnmapped) {
