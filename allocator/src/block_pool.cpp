@@ -336,7 +336,6 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   auto inside = [&](std::size_t g) {
     return a.granule_addr(g) >= b->addr && a.granule_addr(g + 1) <= b->addr + size;
   };
-  auto inner = std::size_t(std::count_if(holes.begin(), holes.end(), inside));
 
   const std::size_t gran = ctx_.granule;
   auto creates = [&](std::size_t have) { return (need - std::min(need, have)) * gran; };
@@ -362,21 +361,34 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
     reactivate(b, a, holes);
     need = holes.size();
     if (need == 0) return true;
-    inner = std::size_t(std::count_if(holes.begin(), holes.end(), inside));
-    const std::size_t idle = idle_now();
-    if (ctx_.config.stream_alias && idle < need && inner > 0 &&
-        ctx_.reserved() + creates(idle) > soft) {
-      StreamPool& sp = stream_pool(stream);
-      const std::size_t want = std::min(need - idle, inner);
-      // Aliasing cannot be undone until the sweep: only start if it lets the request fit.
-      if (ctx_.reserved() + creates(idle + aliasable(sp, want)) <= ctx_.limit) alias(sp, want, aliases);
-    }
   }
   // Idle whole chunks back the hole runs they fit; idle movable granules, aliases and fresh
   // granules fill the rest.
   std::vector<PhysRef> supply(need);
   std::vector<std::uint32_t> wholes;  // taken whole chunks, given back if the device refuses
-  const std::size_t packed = pack_whole(holes, supply, wholes);
+  std::size_t packed = pack_whole(holes, supply, wholes);
+  std::size_t aliased_whole = 0;
+  const std::size_t idle = phys_.idle_granules();
+  const std::size_t short_of = need - packed > idle ? need - packed - idle : 0;
+  if (ctx_.config.stream_alias && short_of > 0 && ctx_.reserved() + short_of * gran > soft) {
+    // Still short of memory: the stream's own free memory, mapped here too (aliases).
+    std::vector<std::size_t> open;  // unfilled holes wholly inside b
+    for (std::size_t i = 0; i < need; ++i) {
+      if (!supply[i].valid() && inside(holes[i])) open.push_back(i);
+    }
+    if (!open.empty()) {
+      StreamPool& sp = stream_pool(stream);
+      aliased_whole = alias_whole(sp, holes, open, short_of, supply);
+      packed += aliased_whole;
+      const std::size_t left = need - packed > idle ? need - packed - idle : 0;
+      std::size_t inner_open = 0;
+      for (std::size_t i : open) inner_open += !supply[i].valid();
+      const std::size_t want = std::min(left, inner_open);
+      // Aliasing cannot be undone until the sweep: only start if it lets the request fit.
+      if (want > 0 && ctx_.reserved() + creates(packed + idle + aliasable(sp, want)) <= ctx_.limit)
+        alias(sp, want, aliases);
+    }
+  }
   const std::size_t rest = need - packed;
   const std::size_t have = std::min(rest, phys_.idle_granules() + aliases.size());
   const std::size_t fresh = rest - have;
@@ -411,7 +423,7 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   }
   unmap_dormant(a, holes);
   map_granules(a, holes, supply);
-  ctx_.stats.granules_aliased += std::int64_t(aliases.size());
+  ctx_.stats.granules_aliased += std::int64_t(aliases.size() + aliased_whole);
   if (reclaimed_idle + aliases.size() + packed > 0 || have > aliases.size()) ++ctx_.stats.stitched_ranges;
   return true;
 }
@@ -468,11 +480,21 @@ bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
     for (std::uint32_t c : made) phys_.discard(c);
     return false;
   };
-  for (const auto& [i, j] : runs) {
-    const PhysRef c = phys_.create(j - i, /*whole=*/true);
-    if (!c.valid()) return fail();
-    made.push_back(c.chunk);
-    for (std::size_t k = i; k < j; ++k) supply[unfilled[k]] = {c.chunk, std::uint32_t(k - i)};
+  // A run longer than whole_chunk_max becomes equal pieces: a chunk partly under a live block
+  // cannot move, so smaller pieces strand less memory.
+  const std::size_t max_run = ctx_.config.whole_chunk_max == 0
+                                  ? SIZE_MAX
+                                  : std::max(min_run, ctx_.config.whole_chunk_max / ctx_.granule);
+  for (const auto& [run_begin, run_end] : runs) {
+    const std::size_t len = run_end - run_begin, pieces = len / max_run + (len % max_run != 0);
+    for (std::size_t piece = 0; piece < pieces; ++piece) {
+      const std::size_t i = run_begin + len * piece / pieces;
+      const std::size_t j = run_begin + len * (piece + 1) / pieces;
+      const PhysRef c = phys_.create(j - i, /*whole=*/true);
+      if (!c.valid()) return fail();
+      made.push_back(c.chunk);
+      for (std::size_t k = i; k < j; ++k) supply[unfilled[k]] = {c.chunk, std::uint32_t(k - i)};
+    }
   }
   if (!singles.empty()) {
     const PhysRef c = phys_.create(singles.size());
@@ -681,6 +703,72 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
   if (!remaining && Lru::contains(b)) warm_.erase(b);
 }
 
+std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t>& holes,
+                                   const std::vector<std::size_t>& open, std::size_t want,
+                                   std::vector<PhysRef>& supply) {
+  // Runs of open holes: [begin, end) into `open`, consecutive granules.
+  std::vector<std::pair<std::size_t, std::size_t>> runs;
+  for (std::size_t i = 0; i < open.size();) {
+    std::size_t j = i + 1;
+    while (j < open.size() && holes[open[j]] == holes[open[j - 1]] + 1) ++j;
+    if (j - i >= 2) runs.emplace_back(i, j);
+    i = j;
+  }
+  if (runs.empty()) return 0;
+  struct Pick {
+    Block* block;
+    std::size_t granule;  // the chunk's first virtual granule in block
+  };
+  std::vector<Pick> picks;
+  std::size_t got = 0;
+  // Oldest freed first; each whole chunk wholly inside an owned block goes to the tightest run
+  // it fits.
+  for (Block* f = sp.fifo.front(); f != nullptr && got < want; f = Fifo::next(f)) {
+    const Arena& a = *f->arena;
+    std::size_t first = 0, last = 0;
+    a.interior(f->addr, f->size, first, last);
+    for (std::size_t g = first; g < last && got < want;) {
+      const PhysRef p = a.phys(g);
+      const std::size_t n = phys_.whole(p.chunk) ? phys_.granules(p.chunk) : 1;
+      if (n == 1 || p.offset != 0 || g + n > last) {
+        g += phys_.whole(p.chunk) ? n - p.offset : 1;
+        continue;
+      }
+      auto best = runs.end();
+      for (auto r = runs.begin(); r != runs.end(); ++r) {
+        if (r->second - r->first >= n && (best == runs.end() || r->second - r->first < best->second - best->first))
+          best = r;
+      }
+      if (best != runs.end()) {
+        for (std::size_t k = 0; k < n; ++k) supply[open[best->first + k]] = {p.chunk, std::uint32_t(k)};
+        best->first += n;
+        got += n;
+        picks.push_back({f, g});
+      }
+      g += n;
+    }
+  }
+  // Retire each picked range: [f, g0) stays owned, [g0, g0+n) retired, the rest owned. Picks
+  // in one block are retired from the top down, so the lower part keeps the block object.
+  for (auto it = picks.rbegin(); it != picks.rend(); ++it) {
+    Block* f = it->block;
+    Arena& a = *f->arena;
+    const std::size_t g0 = it->granule, g1 = g0 + phys_.granules(a.phys(g0).chunk);
+    Block* next = Fifo::next(f);
+    remove_free(f);
+    Block* mid = f;
+    if (a.granule_addr(g0) > f->addr) {
+      mid = split_off(f, a.granule_addr(g0));
+      insert_free(f, next);
+    }
+    if (a.granule_addr(g1) < mid->end()) insert_free(split_off(mid, a.granule_addr(g1)), next);
+    mid->retired = true;
+    mid->free_seq = ++sp.seq;
+    insert_free(mid);  // back of the retired list: waits for a sweep recorded from now on
+  }
+  return got;
+}
+
 std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
   std::size_t n = 0;
   for (const Block* f = sp.fifo.front(); f != nullptr && n < max; f = Fifo::next(f)) {
@@ -766,8 +854,15 @@ void BlockPool::make_shared(Block* b) {
     Arena& a = *b->arena;
     std::size_t first = 0, last = 0;
     a.covering(b->addr, b->size, first, last);
-    if (ctx_.config.dormant_maps == 0) unmap_run(a, first, last - first);
-    else for (std::size_t g = first; g < last; ++g) make_dormant(a, g);
+    if (ctx_.config.dormant_maps == 0) {
+      unmap_run(a, first, last - first);
+    } else {
+      for (std::size_t g = first; g < last;) {
+        const std::size_t n = mapping_granules(a, g);  // a whole chunk goes dormant whole
+        make_dormant(a, g);
+        g += n;
+      }
+    }
     b->retired = false;
   }
   b->shared = true;

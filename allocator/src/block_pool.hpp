@@ -195,6 +195,12 @@ class BlockPool {
   /// False (nothing created) when the limit or the device refuses.
   bool create_fresh(const std::vector<std::size_t>& holes, const std::vector<std::size_t>& unfilled,
                     std::vector<PhysRef>& supply);
+  /// Retires whole chunks lying wholly inside `sp`'s owned blocks (oldest freed first) to back
+  /// runs of the holes listed in `open` (indexes into `holes`, wholly inside the request) that
+  /// they fit, up to about `want` granules; fills `supply`. Returns the granules so backed.
+  std::size_t alias_whole(StreamPool& sp, const std::vector<std::size_t>& holes,
+                          const std::vector<std::size_t>& open, std::size_t want,
+                          std::vector<PhysRef>& supply);
   /// Granules of `sp`'s owned blocks that alias() could take, up to `max`.
   std::size_t aliasable(const StreamPool& sp, std::size_t max) const;
   /// Retires up to `want` granules of `sp`'s owned blocks, appending their physical granules.

@@ -145,6 +145,7 @@ const Scenario kScenarios[] = {
     {"whole_chunks_tight", 512 * MiB, 10, "whole_chunk_min:4MiB", 3000},
     {"whole_chunks_roomy_one_dormant", 4 * GiB, 3, "whole_chunk_min:4MiB,dormant_maps:1", 3000},
     {"whole_chunks_no_dormant", 512 * MiB, 10, "whole_chunk_min:4MiB,dormant_maps:0", 2000},
+    {"small_whole_chunks_tight", 384 * MiB, 10, "whole_chunk_min:4MiB,whole_chunk_max:8MiB", 3000},
     {"one_dormant_map_tight", 384 * MiB, 10, "dormant_maps:1", 3000},
     {"no_dormant_maps_tight", 384 * MiB, 10, "dormant_maps:0", 2000},
     {"segments_roomy", 8 * GiB, 1, "upstream:malloc", 3000},

@@ -22,6 +22,17 @@ TEST(WholeChunk, ALongRunIsOneChunkAndOneMap) {
   a.check_invariants();
 }
 
+TEST(WholeChunk, ALongerRunIsCutIntoEqualChunks) {
+  SimBackend sim(sim_options(1 * GiB));
+  Allocator a(sim, Config::parse("whole_chunk_min:8MiB,whole_chunk_max:24MiB"));
+  void* p = a.allocate(64 * MiB, 0);  // 32 granules: two chunks of 11 and one of 10
+  EXPECT_EQ(sim.live_chunks(), 3u);
+  EXPECT_EQ(sim.map_calls(), 3u);
+  EXPECT_TRUE(sim.is_mapped(addr(p), 64 * MiB));
+  a.deallocate(p);
+  a.check_invariants();
+}
+
 TEST(WholeChunk, ShortRunsStayMovableGranules) {
   SimBackend sim(sim_options(1 * GiB));
   Allocator a(sim, Config::parse("whole_chunk_min:16MiB"));

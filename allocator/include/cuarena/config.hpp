@@ -40,6 +40,10 @@ struct Config {
   /// all of it, it may be released and its bytes created anew where needed. Fewer driver calls,
   /// more reserved memory (see allocator/README.md). 0 (default): every granule is movable.
   std::size_t whole_chunk_min = 0;
+  /// Largest whole chunk, in bytes: a longer run is cut into equal chunks no larger. A whole
+  /// chunk partly under a live block cannot move, so smaller chunks strand less memory; each
+  /// costs one more create/map/set-access (~55 us on an H200). 0: no limit.
+  std::size_t whole_chunk_max = 0;
   /// Dormant mappings each physical granule may keep. When a cached granule moves to back
   /// another address, its old mapping stays (dormant) instead of being unmapped, so a later
   /// request there takes it back with no driver call once it is idle again; a training loop
