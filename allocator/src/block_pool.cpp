@@ -463,9 +463,13 @@ bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
                              const std::vector<std::size_t>& unfilled, std::vector<PhysRef>& supply) {
   // Runs of consecutive hole granules long enough become whole chunks; the rest one chunk of
   // movable granules.
+  // Near the limit, single granules: they can move wherever the next request needs them.
+  const bool roomy = double(ctx_.reserved() + unfilled.size() * ctx_.granule) <=
+                     ctx_.config.whole_chunk_fraction * double(ctx_.limit);
   const std::size_t min_run =
-      ctx_.config.whole_chunk_min == 0 ? SIZE_MAX
-                                       : std::max<std::size_t>(2, ctx_.config.whole_chunk_min / ctx_.granule);
+      ctx_.config.whole_chunk_min == 0 || !roomy
+          ? SIZE_MAX
+          : std::max<std::size_t>(2, ctx_.config.whole_chunk_min / ctx_.granule);
   std::vector<std::pair<std::size_t, std::size_t>> runs;  // [begin, end) into `unfilled`
   std::vector<std::size_t> singles;
   for (std::size_t i = 0; i < unfilled.size();) {

@@ -116,6 +116,8 @@ const std::vector<std::pair<std::string, Setter>>& setters() {
        [](Config& c, const Entry& e) { c.cache_slack = parse_double(e, 0.0, 10.0, false); }},
       {"whole_chunk_min", [](Config& c, const Entry& e) { c.whole_chunk_min = parse_size_entry(e); }},
       {"whole_chunk_max", [](Config& c, const Entry& e) { c.whole_chunk_max = parse_size_entry(e); }},
+      {"whole_chunk_fraction",
+       [](Config& c, const Entry& e) { c.whole_chunk_fraction = parse_double(e, 0.0, 1.0, false); }},
       {"dormant_maps",
        [](Config& c, const Entry& e) { c.dormant_maps = unsigned(parse_uint(e, 0, 64)); }},
       {"per_process_memory_fraction",
@@ -201,7 +203,8 @@ std::string Config::to_string() const {
   out << "small_limit:" << small_limit << ",size_classes_per_doubling:" << size_classes_per_doubling
       << ",slab_size:" << slab_size << ",defrag_threshold:" << defrag_threshold
       << ",cache_slack:" << cache_slack << ",whole_chunk_min:" << whole_chunk_min
-      << ",whole_chunk_max:" << whole_chunk_max << ",dormant_maps:" << dormant_maps
+      << ",whole_chunk_max:" << whole_chunk_max << ",whole_chunk_fraction:" << whole_chunk_fraction
+      << ",dormant_maps:" << dormant_maps
       << ",per_process_memory_fraction:" << per_process_memory_fraction
       << ",stream_alias:" << (stream_alias ? "True" : "False")
       << ",sweep_interval:" << sweep_interval << ",va_reserve:" << va_reserve << ",upstream:" << cuarena::to_string(upstream)

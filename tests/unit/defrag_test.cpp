@@ -14,7 +14,8 @@ namespace {
 // Ten 8 MiB blocks on stream 1, freed and finished; then one 80 MiB block on stream 2.
 std::size_t fragmented_then_large(const std::string& config, Stats* stats = nullptr) {
   SimBackend sim(sim_options(1 * GiB, 1));
-  Allocator a(sim, Config::parse("small_limit:512,sweep_interval:1," + config));
+  // Single granules (whole_chunk_min:0): the pinned blocks' interiors can move.
+  Allocator a(sim, Config::parse("small_limit:512,sweep_interval:1,whole_chunk_min:0," + config));
   std::vector<void*> ps;
   for (int i = 0; i < 10; ++i) {
     ps.push_back(a.allocate(8 * MiB, 1));

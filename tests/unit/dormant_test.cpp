@@ -101,7 +101,7 @@ TEST(Dormant, TheCapUnmapsTheOldestMapping) {
   // block lies past the others and takes its predecessor's granules. By the third, they move a
   // second time, and their first address must be unmapped.
   SimBackend sim(sim_options(1 * GiB));
-  Allocator a(sim, Config::parse("small_limit:512,sweep_interval:1,dormant_maps:1"));
+  Allocator a(sim, Config::parse("small_limit:512,sweep_interval:1,dormant_maps:1,whole_chunk_min:0"));
   std::vector<void*> blocks, pins;
   std::size_t size = 8 * MiB;
   for (int i = 0; i < 3; ++i) {

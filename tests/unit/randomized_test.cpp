@@ -147,6 +147,8 @@ const Scenario kScenarios[] = {
     {"whole_chunks_no_dormant", 512 * MiB, 10, "whole_chunk_min:4MiB,dormant_maps:0", 2000},
     {"small_whole_chunks_tight", 384 * MiB, 10, "whole_chunk_min:4MiB,whole_chunk_max:8MiB", 3000},
     {"one_dormant_map_tight", 384 * MiB, 10, "dormant_maps:1", 3000},
+    {"single_granules_tight", 384 * MiB, 20, "whole_chunk_min:0", 3000},
+    {"single_granules_laggy", 8 * GiB, 200, "whole_chunk_min:0", 3000},
     {"no_dormant_maps_tight", 384 * MiB, 10, "dormant_maps:0", 2000},
     {"segments_roomy", 8 * GiB, 1, "upstream:malloc", 3000},
     {"segments_tight_laggy", 384 * MiB, 20, "upstream:async", 3000},

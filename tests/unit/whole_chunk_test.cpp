@@ -2,6 +2,8 @@
 // mapped and unmapped only whole (SimBackend throws otherwise), released when stolen.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "test_support.hpp"
 
 using namespace cuarena;
@@ -31,6 +33,27 @@ TEST(WholeChunk, ALongerRunIsCutIntoEqualChunks) {
   EXPECT_TRUE(sim.is_mapped(addr(p), 64 * MiB));
   a.deallocate(p);
   a.check_invariants();
+}
+
+TEST(WholeChunk, NearTheLimitFreshMemoryComesInSingleGranules) {
+  // 64 MiB as one whole chunk; then 30 MiB would pass 90% of the 100 MiB limit, so it comes in
+  // single granules, which can move wherever they are needed.
+  SimBackend sim(sim_options(100 * MiB));
+  Allocator a(sim, Config::parse("small_limit:512"));
+  void* big = a.allocate(64 * MiB, 1);
+  EXPECT_EQ(sim.live_whole_chunks(), 1u);
+  void* b = a.allocate(30 * MiB, 1);
+  EXPECT_EQ(sim.live_whole_chunks(), 1u);
+  EXPECT_EQ(sim.live_chunks(), 2u);
+  a.check_invariants();
+  for (void* p : {big, b}) a.deallocate(p);
+  // With whole_chunk_fraction:1, whole chunks up to the limit.
+  SimBackend sim2(sim_options(100 * MiB));
+  Allocator a2(sim2, Config::parse("small_limit:512,whole_chunk_fraction:1"));
+  void* big2 = a2.allocate(64 * MiB, 1);
+  void* b2 = a2.allocate(30 * MiB, 1);
+  EXPECT_EQ(sim2.live_whole_chunks(), 2u);
+  for (void* p : {big2, b2}) a2.deallocate(p);
 }
 
 TEST(WholeChunk, ShortRunsStayMovableGranules) {

@@ -34,16 +34,20 @@ struct Config {
   /// granules instead of growing (0.05: up to 5% more memory, far fewer granule moves, each of
   /// which costs ~65 us on an H200). 0 (default): reuse first, always.
   double cache_slack = 0.0;
-  /// Speed over memory. Fresh physical memory for a run of at least this many bytes of one
-  /// request is created as one whole chunk: one cuMemCreate handle, so one create/map/set-access
-  /// call instead of one per 2 MiB granule. A whole chunk never moves; once a free block holds
-  /// all of it, it may be released and its bytes created anew where needed. Fewer driver calls,
-  /// more reserved memory (see allocator/README.md). 0 (default): every granule is movable.
-  std::size_t whole_chunk_min = 0;
+  /// Fresh physical memory for a run of at least this many bytes of one request is created as
+  /// whole chunks: one cuMemCreate handle each, so one create/map/set-access call (~55 us on an
+  /// H200) instead of one per 2 MiB granule. A whole chunk moves only as one piece, so it strands
+  /// memory where a live block covers part of it (see whole_chunk_max). 0: every granule is its
+  /// own handle (memory first: granules move singly, at one driver call each).
+  std::size_t whole_chunk_min = std::size_t{4} << 20;
   /// Largest whole chunk, in bytes: a longer run is cut into equal chunks no larger. A whole
   /// chunk partly under a live block cannot move, so smaller chunks strand less memory; each
   /// costs one more create/map/set-access (~55 us on an H200). 0: no limit.
-  std::size_t whole_chunk_max = 0;
+  std::size_t whole_chunk_max = std::size_t{128} << 20;
+  /// Whole chunks are created only while reserved memory stays below this fraction of the
+  /// limit; past it, fresh memory comes as single granules, which can move wherever they are
+  /// needed (memory first, near the limit).
+  double whole_chunk_fraction = 0.9;
   /// Dormant mappings each physical granule may keep. When a cached granule moves to back
   /// another address, its old mapping stays (dormant) instead of being unmapped, so a later
   /// request there takes it back with no driver call once it is idle again; a training loop

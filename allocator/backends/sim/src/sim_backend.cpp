@@ -85,6 +85,10 @@ PhysHandle SimBackend::create_physical(std::size_t bytes) {
   return h;
 }
 
+std::size_t SimBackend::live_whole_chunks() const {
+  return std::size_t(std::count_if(chunks_.begin(), chunks_.end(), [](const auto& c) { return c.second.whole; }));
+}
+
 PhysHandle SimBackend::create_whole_physical(std::size_t bytes) {
   const PhysHandle h = create_physical(bytes);
   if (h != 0) chunks_.at(h).whole = true;

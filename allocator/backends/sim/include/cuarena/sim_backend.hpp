@@ -74,6 +74,8 @@ class SimBackend final : public DeviceBackend {
   std::size_t unmap_calls() const { return unmap_calls_; }
   std::size_t live_events() const { return events_.size(); }
   std::size_t live_chunks() const { return chunks_.size(); }
+  /// Live chunks made by create_whole_physical().
+  std::size_t live_whole_chunks() const;
 
  private:
   struct Range {
