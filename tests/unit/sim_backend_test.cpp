@@ -42,6 +42,21 @@ TEST(SimBackend, CatchesCallerBugs) {
   EXPECT_THROW(sim.event_completed(12345), std::logic_error);
 }
 
+TEST(SimBackend, AWholeChunkMapsAndUnmapsOnlyWhole) {
+  SimBackend sim(sim_options());
+  const DevicePtr va = sim.reserve_address(16 * MiB);
+  const PhysHandle h = sim.create_whole_physical(4 * MiB);
+  EXPECT_THROW(sim.map(va, 2 * MiB, h, 0), std::logic_error);  // part of it
+  sim.map(va, 4 * MiB, h, 0);
+  sim.map(va + 4 * MiB, 4 * MiB, h, 0);  // the same chunk again, right above
+  EXPECT_THROW(sim.unmap(va + 2 * MiB, 4 * MiB), std::logic_error);  // half of each mapping
+  EXPECT_THROW(sim.unmap(va, 2 * MiB), std::logic_error);
+  sim.unmap(va + 4 * MiB, 4 * MiB);  // one whole mapping, though its neighbour is the same chunk
+  sim.unmap(va, 4 * MiB);
+  sim.release_physical(h);
+  EXPECT_EQ(sim.physical_bytes(), 0u);
+}
+
 TEST(SimBackend, EventsCompleteByLogicalClock) {
   SimBackend sim(sim_options(1 * GiB, 3));
   const EventId e = sim.record_event(7);

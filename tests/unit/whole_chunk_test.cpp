@@ -36,7 +36,7 @@ TEST(WholeChunk, ALongerRunIsCutIntoEqualChunks) {
 }
 
 TEST(WholeChunk, NearTheLimitFreshMemoryComesInSingleGranules) {
-  // 64 MiB as one whole chunk; then 30 MiB would pass 90% of the 100 MiB limit, so it comes in
+  // 64 MiB as one whole chunk; then 30 MiB would pass 75% of the 100 MiB limit, so it comes in
   // single granules, which can move wherever they are needed.
   SimBackend sim(sim_options(100 * MiB));
   Allocator a(sim, Config::parse("small_limit:512"));

@@ -47,7 +47,7 @@ struct Config {
   /// Whole chunks are created only while reserved memory stays below this fraction of the
   /// limit; past it, fresh memory comes as single granules, which can move wherever they are
   /// needed (memory first, near the limit).
-  double whole_chunk_fraction = 0.9;
+  double whole_chunk_fraction = 0.75;
   /// Dormant mappings each physical granule may keep. When a cached granule moves to back
   /// another address, its old mapping stays (dormant) instead of being unmapped, so a later
   /// request there takes it back with no driver call once it is idle again; a training loop

@@ -133,10 +133,14 @@ void SimBackend::unmap(DevicePtr va, std::size_t bytes) {
     if (r.mapped[i] == 0) misuse("unmap of a granule not mapped");
   }
   // A whole chunk's mapping must be unmapped entirely: its granules may not straddle the ends.
-  auto whole_at = [&](std::size_t i) { return r.mapped[i] != 0 && chunks_.at(r.mapped[i]).whole; };
-  if ((first > 0 && whole_at(first) && r.mapped[first - 1] == r.mapped[first]) ||
-      (first + count < r.mapped.size() && whole_at(first + count - 1) &&
-       r.mapped[first + count] == r.mapped[first + count - 1]))
+  // (Granules i and i+1 are one mapping when they hold consecutive granules of one whole chunk;
+  // the same chunk may also be mapped again right next to itself.)
+  auto one_mapping = [&](std::size_t i) {
+    return r.mapped[i] != 0 && chunks_.at(r.mapped[i]).whole && r.mapped[i + 1] == r.mapped[i] &&
+           r.offset[i + 1] == r.offset[i] + g;
+  };
+  if ((first > 0 && one_mapping(first - 1)) ||
+      (first + count < r.mapped.size() && one_mapping(first + count - 1)))
     misuse("unmap of part of a whole chunk's mapping");
   for (std::size_t i = first; i < first + count; ++i) {
     --chunks_.at(r.mapped[i]).mappings;
