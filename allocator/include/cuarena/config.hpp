@@ -40,9 +40,11 @@ struct Config {
   /// memory where a live block covers part of it (see whole_chunk_max). 0: every granule is its
   /// own handle (memory first: granules move singly, at one driver call each).
   std::size_t whole_chunk_min = std::size_t{4} << 20;
-  /// Largest whole chunk, in bytes: a longer run is cut into equal chunks no larger. A whole
-  /// chunk partly under a live block cannot move, so smaller chunks strand less memory; each
-  /// costs one more create/map/set-access (~55 us on an H200). 0: no limit.
+  /// Largest whole chunk, in bytes (also at most 1/16 of the memory already reserved, when that
+  /// is over 32 MiB): a longer
+  /// run is cut into equal chunks no larger. A whole chunk partly under a live block cannot
+  /// move, so smaller chunks strand less memory; each costs one more create/map/set-access
+  /// (~55 us on an H200). 0: only the 1/16 rule.
   std::size_t whole_chunk_max = std::size_t{128} << 20;
   /// Whole chunks are created only while reserved memory stays below this fraction of the
   /// limit; past it, fresh memory comes as single granules, which can move wherever they are
