@@ -21,7 +21,7 @@
 //                               backend map/unmap calls, reactivated = dormant mappings taken
 //                               back, creates = chunks created; ratio = peak
 //                               reserved / peak requested over all passes. <cfg> is the default
-//                               or whole_chunk_min:8MiB (the speed setting).
+//                               or whole_chunk_min:0 (memory first).
 //   BM_SimReplay/<trace>        replay::replay_cuarena() over a whole trace with SimOptions{},
 //                               exactly what `cuarena replay --backend sim` does per device
 //                               (including its second partial run that measures fragmentation at
@@ -238,13 +238,13 @@ void BM_MixedSizes(benchmark::State& state, const char* trace_name, const char* 
   }
 }
 BENCHMARK_CAPTURE(BM_MixedSizes, gpt2_train, "gpt2_train", "")->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MixedSizes, gpt2_train_speed, "gpt2_train", "whole_chunk_min:8MiB")
+BENCHMARK_CAPTURE(BM_MixedSizes, gpt2_train_memory_first, "gpt2_train", "whole_chunk_min:0")
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MixedSizes, moe_train, "moe_train", "")->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MixedSizes, moe_train_speed, "moe_train", "whole_chunk_min:8MiB")
+BENCHMARK_CAPTURE(BM_MixedSizes, moe_train_memory_first, "moe_train", "whole_chunk_min:0")
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MixedSizes, resnet50_amp, "resnet50_amp", "")->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MixedSizes, resnet50_amp_speed, "resnet50_amp", "whole_chunk_min:8MiB")
+BENCHMARK_CAPTURE(BM_MixedSizes, resnet50_amp_memory_first, "resnet50_amp", "whole_chunk_min:0")
     ->Unit(benchmark::kMillisecond);
 
 // ---------------------------------------------------------------------------------------------
