@@ -989,7 +989,7 @@ BlockPool::Breakdown BlockPool::breakdown() const {
       else if (r == 0) out.shared += ctx_.granule;
     }
   }
-  out.idle = phys_.idle_granules() * ctx_.granule;
+  out.idle = (phys_.idle_granules() + phys_.idle_whole_granules()) * ctx_.granule;
   return out;
 }
 

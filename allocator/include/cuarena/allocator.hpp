@@ -102,7 +102,7 @@ class Allocator {
     std::size_t owned_cached = 0;   ///< cached in free blocks only their stream may reuse yet
     std::size_t shared_cached = 0;  ///< cached in free blocks any stream may reuse or unmap
     std::size_t retired = 0;        ///< old addresses of re-used granules, awaiting an event
-    std::size_t idle = 0;           ///< physical granules mapped nowhere
+    std::size_t idle = 0;           ///< physical granules active nowhere (dormant at most)
   };
   /// O(mapped granules): for diagnostics, not for hot paths.
   MemoryBreakdown memory_breakdown() const;
