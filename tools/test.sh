@@ -17,6 +17,12 @@ cmake --preset asan
 cmake --build --preset asan
 ctest --preset asan | tee -a "$log"
 
+# Why the GPU tests skip (when they do): the reason they give.
+if [ -x build/bin/gpu_tests ]; then
+  reason=$(build/bin/gpu_tests --gtest_filter='CudaVmmBackend.*' 2>&1 | grep -m1 -o 'no CUDA device.*' || true)
+  if [ -n "$reason" ]; then echo "GPU tests skipped: $reason"; fi
+fi
+
 # One closing line over both runs. ctest counts skipped tests (the GPU tests, without a GPU)
 # among the passed; they are listed as "(Skipped)" and reported apart here.
 awk '/tests passed, [0-9]+ tests failed out of/ {failed += $4; total += $NF}

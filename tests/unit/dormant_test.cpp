@@ -108,7 +108,9 @@ TEST(Dormant, TheCapUnmapsTheOldestMapping) {
     blocks.push_back(a.allocate(size, 1));
     pins.push_back(a.allocate(size + 512, 1));
     size += 1024;
-    if (i == 1) EXPECT_EQ(sim.unmap_calls(), 0u) << "one move leaves one dormant mapping";
+    if (i == 1) {
+      EXPECT_EQ(sim.unmap_calls(), 0u) << "one move leaves one dormant mapping";
+    }
     a.deallocate(blocks.back());
     a.process_events();
     sim.advance(10);

@@ -77,10 +77,11 @@ void check_against_model(const Allocator& a, const SimBackend& sim,
     for (std::size_t i = 0; i + 1 < pieces.size(); ++i) {
       const auto& [key, len_block] = pieces[i];
       const auto& next = pieces[i + 1];
-      if (next.first.first == key.first)
+      if (next.first.first == key.first) {
         ASSERT_LE(key.second + len_block.first, next.first.second)
             << "live blocks " << len_block.second << " and " << next.second.second
             << " share physical memory";
+      }
     }
   }
   const Stats s = a.stats();
