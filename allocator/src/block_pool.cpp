@@ -761,22 +761,25 @@ std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t
   // Retire each picked range: [f, g0) stays owned, [g0, g0+n) retired, the rest owned. Picks
   // in one block are retired from the top down, so the lower part keeps the block object.
   for (auto it = picks.rbegin(); it != picks.rend(); ++it) {
-    Block* f = it->block;
-    Arena& a = *f->arena;
-    const std::size_t g0 = it->granule, g1 = g0 + phys_.granules(a.phys(g0).chunk);
-    Block* next = Fifo::next(f);
-    remove_free(f);
-    Block* mid = f;
-    if (a.granule_addr(g0) > f->addr) {
-      mid = split_off(f, a.granule_addr(g0));
-      insert_free(f, next);
-    }
-    if (a.granule_addr(g1) < mid->end()) insert_free(split_off(mid, a.granule_addr(g1)), next);
-    mid->retired = true;
-    mid->free_seq = ++sp.seq;
-    insert_free(mid);  // back of the retired list: waits for a sweep recorded from now on
+    const Arena& a = *it->block->arena;
+    retire(sp, it->block, it->granule, it->granule + phys_.granules(a.phys(it->granule).chunk));
   }
   return got;
+}
+
+void BlockPool::retire(StreamPool& sp, Block* f, std::size_t g0, std::size_t g1) {
+  const Arena& a = *f->arena;
+  Block* next = Fifo::next(f);  // the pieces keep f's place in the free order
+  remove_free(f);
+  Block* mid = f;
+  if (a.granule_addr(g0) > f->addr) {
+    mid = split_off(f, a.granule_addr(g0));
+    insert_free(f, next);
+  }
+  if (a.granule_addr(g1) < mid->end()) insert_free(split_off(mid, a.granule_addr(g1)), next);
+  mid->retired = true;
+  mid->free_seq = ++sp.seq;
+  insert_free(mid);  // back of the retired list: waits for a sweep recorded from now on
 }
 
 std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
@@ -796,24 +799,15 @@ std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysR
     Arena& a = *f->arena;
     std::size_t first = 0, last = 0;
     a.interior(f->addr, f->size, first, last);
-    // The topmost run of movable granules (whole chunks never move), at most what is wanted.
+    // The topmost run of single granules (whole chunks go through alias_whole), at most what
+    // is wanted.
     while (last > first && phys_.whole(a.phys(last - 1).chunk)) --last;
     std::size_t g0 = last;
     while (g0 > first && last - g0 < want - got && !phys_.whole(a.phys(g0 - 1).chunk)) --g0;
     if (last > g0) {
       for (std::size_t g = g0; g < last; ++g) out.push_back(a.phys(g));
       got += last - g0;
-      // Split f into [f, g0) owned, [g0, last) retired, [last, end) owned.
-      remove_free(f);
-      Block* mid = f;
-      if (a.granule_addr(g0) > f->addr) {
-        mid = split_off(f, a.granule_addr(g0));
-        insert_free(f, next);
-      }
-      if (a.granule_addr(last) < mid->end()) insert_free(split_off(mid, a.granule_addr(last)), next);
-      mid->retired = true;
-      mid->free_seq = ++sp.seq;
-      insert_free(mid);  // back of the retired list: waits for a sweep recorded from now on
+      retire(sp, f, g0, last);
     }
     f = next;
   }

@@ -201,6 +201,9 @@ class BlockPool {
   std::size_t alias_whole(StreamPool& sp, const std::vector<std::size_t>& holes,
                           const std::vector<std::size_t>& open, std::size_t want,
                           std::vector<PhysRef>& supply);
+  /// Splits `sp`'s owned block f into [f, g0) owned, granules [g0, g1) retired (their
+  /// physical memory now backs another request of the stream too), and the rest owned.
+  void retire(StreamPool& sp, Block* f, std::size_t g0, std::size_t g1);
   /// Granules of `sp`'s owned blocks that alias() could take, up to `max`.
   std::size_t aliasable(const StreamPool& sp, std::size_t max) const;
   /// Retires up to `want` granules of `sp`'s owned blocks, appending their physical granules.
