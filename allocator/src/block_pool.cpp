@@ -38,7 +38,7 @@ BlockPool::~BlockPool() {
         ++g;
         continue;
       }
-      const std::size_t n = mapping_granules(a, g);
+      const std::size_t n = mapping_extent(a.phys(g), g).count;  // g starts the mapping
       try {
         unmap_run(a, g, n);
       } catch (...) {  // a destructor must not throw; the device is going away anyway
@@ -289,12 +289,10 @@ const Block* BlockPool::active_holder(PhysRef p) const {
   const auto& active = phys_.active(p);
   if (active.size() != 1) return nullptr;
   const Arena& a = *active.front().arena;
-  const std::size_t g = active.front().granule;
-  if (!phys_.whole(p.chunk)) return shared_holder(a, g);
   // A whole chunk moves only if one shared free block holds all of its active mapping.
-  const std::size_t start = g - p.offset;
-  const Block* b = shared_holder(a, start);
-  return b != nullptr && b == shared_holder(a, start + phys_.granules(p.chunk) - 1) ? b : nullptr;
+  const Extent e = mapping_extent(p, active.front().granule);
+  const Block* b = shared_holder(a, e.first);
+  return b != nullptr && b == shared_holder(a, e.first + e.count - 1) ? b : nullptr;
 }
 
 Block* BlockPool::best_shared(std::size_t size) {
@@ -547,17 +545,15 @@ void BlockPool::unmap_run(Arena& a, std::size_t first, std::size_t count) {
   ctx_.stats.granules_unmapped += std::int64_t(count);
 }
 
-std::size_t BlockPool::mapping_granules(const Arena& a, std::size_t g) const {
-  const PhysRef p = a.phys(g);
-  return phys_.whole(p.chunk) ? phys_.granules(p.chunk) - p.offset : 1;
+BlockPool::Extent BlockPool::mapping_extent(PhysRef p, std::size_t g) const {
+  if (!phys_.whole(p.chunk)) return {g, 1};
+  return {g - p.offset, phys_.granules(p.chunk)};
 }
 
 void BlockPool::make_dormant(Arena& a, std::size_t g) {
   const unsigned cap = ctx_.config.dormant_maps;
-  const PhysRef p = a.phys(g);
   // A whole chunk's mapping changes state as one piece.
-  const std::size_t start = g - (phys_.whole(p.chunk) ? p.offset : 0);
-  const std::size_t n = phys_.whole(p.chunk) ? phys_.granules(p.chunk) : 1;
+  const auto [start, n] = mapping_extent(a.phys(g), g);
   if (cap == 0) {
     unmap_run(a, start, n);
     return;
@@ -581,26 +577,19 @@ void BlockPool::reactivate(Block* b, Arena& a, std::vector<std::size_t>& holes) 
   for (const std::size_t g : holes) {
     if (!a.is_dormant(g)) continue;
     const PhysRef p = a.phys(g);
-    if (phys_.whole(p.chunk)) {
-      if (!phys_.is_idle_whole(p.chunk)) continue;
-      const std::size_t start = g - p.offset, count = phys_.granules(p.chunk);
-      phys_.take_whole(p.chunk);
-      for (std::size_t k = start; k < start + count; ++k) {
-        const PhysRef q = a.phys(k);
-        phys_.remove_dormant(q, {&a, k});
-        phys_.mapped(q, {&a, k});
-        a.set_dormant(k, false);
-      }
-      n += count;
-      spilled |= start < holes.front() || start + count > holes.back() + 1;
-      continue;
+    const bool whole = phys_.whole(p.chunk);
+    if (whole ? !phys_.is_idle_whole(p.chunk) : !phys_.is_idle(p)) continue;
+    if (whole) phys_.take_whole(p.chunk);
+    else phys_.take(p);
+    const auto [start, count] = mapping_extent(p, g);  // a whole chunk comes back whole
+    for (std::size_t k = start; k < start + count; ++k) {
+      const PhysRef q = a.phys(k);
+      phys_.remove_dormant(q, {&a, k});
+      phys_.mapped(q, {&a, k});
+      a.set_dormant(k, false);
     }
-    if (!phys_.is_idle(p)) continue;
-    phys_.take(p);
-    phys_.remove_dormant(p, {&a, g});
-    phys_.mapped(p, {&a, g});
-    a.set_dormant(g, false);
-    ++n;
+    n += count;
+    spilled |= start < holes.front() || start + count > holes.back() + 1;
   }
   if (n == 0) return;
   holes.erase(std::remove_if(holes.begin(), holes.end(), [&](std::size_t g) { return a.is_mapped(g); }),
@@ -622,7 +611,7 @@ void BlockPool::reclaim_dormant(const Arena& a, const std::vector<std::size_t>& 
     if (holder == nullptr) continue;
     const PhysicalPool::Mapping m = phys_.active(p).front();
     make_dormant(*holder->arena, m.granule);
-    ctx_.stats.granules_stolen += std::int64_t(phys_.whole(p.chunk) ? phys_.granules(p.chunk) : 1);
+    ctx_.stats.granules_stolen += std::int64_t(mapping_extent(p, h).count);
   }
 }
 
@@ -636,8 +625,8 @@ void BlockPool::unmap_dormant(Arena& a, const std::vector<std::size_t>& holes) {
       continue;
     }
     if (phys_.whole(a.phys(g).chunk)) {
-      const std::size_t start = g - a.phys(g).offset;
-      unmap_run(a, start, phys_.granules(a.phys(g).chunk));
+      const Extent e = mapping_extent(a.phys(g), g);
+      unmap_run(a, e.first, e.count);
       ++i;
       continue;
     }
@@ -652,8 +641,8 @@ void BlockPool::unmap_dormant(Arena& a, const std::vector<std::size_t>& holes) {
 
 void BlockPool::steal(std::size_t target) {
   ++ctx_.stats.defrag_passes;
-  // Movable granules first; whole chunks (released, their bytes created anew in the shape the
-  // request needs) only if that is not enough, since that may release more than asked for.
+  // Single granules first; whole chunks (which become idle whole chunks, and may fit no run of
+  // the request's holes) only if that is not enough.
   auto idle = [&] { return phys_.idle_granules() + phys_.idle_whole_granules(); };
   const std::size_t before = idle();
   auto short_by = [&] { return idle() < target ? target - idle() : 0; };
@@ -686,8 +675,7 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
     const PhysRef top = a.phys(g - 1);
     if (phys_.whole(top.chunk)) {
       // A whole chunk goes all at once, and only if the block holds all of it.
-      const std::size_t n = phys_.granules(top.chunk);
-      const std::size_t start = g - 1 - top.offset;
+      const auto [start, n] = mapping_extent(top, g - 1);
       if (start >= first && start + n <= last) {
         if (take == Take::kMovable || (limited && got >= max_granules)) {
           remaining = true;
@@ -739,9 +727,9 @@ std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t
     a.interior(f->addr, f->size, first, last);
     for (std::size_t g = first; g < last && got < want;) {
       const PhysRef p = a.phys(g);
-      const std::size_t n = phys_.whole(p.chunk) ? phys_.granules(p.chunk) : 1;
-      if (n == 1 || p.offset != 0 || g + n > last) {
-        g += phys_.whole(p.chunk) ? n - p.offset : 1;
+      const auto [start, n] = mapping_extent(p, g);
+      if (n == 1 || start != g || g + n > last) {  // a single granule, or a chunk not wholly inside
+        g = start + n;
         continue;
       }
       auto best = runs.end();
@@ -862,9 +850,9 @@ void BlockPool::make_shared(Block* b) {
       unmap_run(a, first, last - first);
     } else {
       for (std::size_t g = first; g < last;) {
-        const std::size_t n = mapping_granules(a, g);  // a whole chunk goes dormant whole
+        const Extent e = mapping_extent(a.phys(g), g);  // a whole chunk goes dormant whole
         make_dormant(a, g);
-        g += n;
+        g = e.first + e.count;
       }
     }
     b->retired = false;
@@ -1028,9 +1016,8 @@ void BlockPool::check_invariants() const {
         if (!a.segment() && !b->lru.linked) {
           for (std::size_t g = ifirst; g < ilast; ++g) {
             if (!a.is_mapped(g)) continue;
-            const PhysRef p = a.phys(g);
-            const bool stealable = !phys_.whole(p.chunk) ||
-                                   (g - p.offset >= ifirst && g - p.offset + phys_.granules(p.chunk) <= ilast);
+            const Extent e = mapping_extent(a.phys(g), g);
+            const bool stealable = e.first >= ifirst && e.first + e.count <= ilast;
             if (stealable) broken(at + ": shared block caches stealable granules but is not in the LRU list");
           }
         }

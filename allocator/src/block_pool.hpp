@@ -224,8 +224,12 @@ class BlockPool {
                          std::vector<std::uint32_t>& wholes);
   /// Unmaps every dormant mapping of an idle whole chunk and releases it.
   void release_idle_whole(std::uint32_t chunk);
-  /// Granules from g to the end of the mapping there (1, or the rest of a whole chunk).
-  std::size_t mapping_granules(const Arena& a, std::size_t g) const;
+  /// The virtual granules [first, first+count) of the mapping that puts physical granule p at
+  /// virtual granule g: g alone, or all of p's whole chunk.
+  struct Extent {
+    std::size_t first, count;
+  };
+  Extent mapping_extent(PhysRef p, std::size_t g) const;
   /// The shared free block holding all of p's only active mapping (all of its whole chunk's),
   /// or nullptr.
   const Block* active_holder(PhysRef p) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <stdexcept>
+#include <string>
 
 namespace cuarena::detail {
 
@@ -40,15 +41,20 @@ void PhysicalPool::put_idle(PhysRef p) {
   ++c.idle;
 }
 
+namespace {
+void erase_mapping(std::vector<PhysicalPool::Mapping>& list, PhysicalPool::Mapping m, const char* what) {
+  auto it = std::find(list.begin(), list.end(), m);
+  if (it == list.end()) throw std::logic_error(std::string("cuarena: ") + what + " not recorded");
+  list.erase(it);
+}
+}  // namespace
+
 void PhysicalPool::add_dormant(PhysRef p, Mapping m) {
   chunks_.at(p.chunk).dormant[p.offset].push_back(m);
 }
 
 void PhysicalPool::remove_dormant(PhysRef p, Mapping m) {
-  auto& list = chunks_.at(p.chunk).dormant[p.offset];
-  auto it = std::find(list.begin(), list.end(), m);
-  if (it == list.end()) throw std::logic_error("cuarena: removing a dormant mapping not recorded");
-  list.erase(it);
+  erase_mapping(chunks_.at(p.chunk).dormant[p.offset], m, "removing a dormant mapping");
 }
 
 const std::vector<PhysicalPool::Mapping>& PhysicalPool::dormant(PhysRef p) const {
@@ -65,7 +71,7 @@ PhysRef PhysicalPool::create(std::size_t granules, bool whole) {
   Chunk& c = chunks_[id];
   c.handle = h;
   c.whole = whole;
-  c.maps.assign(granules, 0);  // all taken by the caller: none idle
+  c.granules = granules;  // all taken by the caller: none idle
   c.idle_pos.assign(granules, kNotIdle);
   c.dormant.resize(granules);
   c.active.resize(granules);
@@ -76,25 +82,36 @@ PhysRef PhysicalPool::create(std::size_t granules, bool whole) {
 
 void PhysicalPool::discard(std::uint32_t chunk) {
   auto it = chunks_.find(chunk);
-  const std::size_t bytes = it->second.maps.size() * ctx_.granule;
-  if (it->second.whole) idle_whole_.erase({it->second.maps.size(), chunk});
+  const std::size_t bytes = it->second.granules * ctx_.granule;
+  if (it->second.whole) drop_idle_whole(chunk);
   ctx_.backend.release_physical(it->second.handle);
   ++ctx_.stats.num_device_free;
   ctx_.add_reserved(Pool::kLarge, -std::int64_t(bytes));
   chunks_.erase(it);
 }
 
+void PhysicalPool::add_idle_whole(std::uint32_t chunk) {
+  const std::size_t n = chunks_.at(chunk).granules;
+  if (idle_whole_.insert({n, chunk}).second) idle_whole_granules_ += n;
+}
+
+bool PhysicalPool::drop_idle_whole(std::uint32_t chunk) {
+  const std::size_t n = chunks_.at(chunk).granules;
+  if (idle_whole_.erase({n, chunk}) == 0) return false;
+  idle_whole_granules_ -= n;
+  return true;
+}
+
 void PhysicalPool::take_whole(std::uint32_t chunk) {
   Chunk& c = chunks_.at(chunk);
-  if (!c.whole || idle_whole_.erase({c.maps.size(), chunk}) == 0)
+  if (!c.whole || !drop_idle_whole(chunk))
     throw std::logic_error("cuarena: taking a whole chunk that is not idle");
   c.idle = 0;
 }
 
 void PhysicalPool::put_idle_whole(std::uint32_t chunk) {
-  Chunk& c = chunks_.at(chunk);
-  c.idle = c.maps.size();
-  idle_whole_.insert({c.maps.size(), chunk});
+  chunks_.at(chunk).idle = chunks_.at(chunk).granules;
+  add_idle_whole(chunk);
 }
 
 std::uint32_t PhysicalPool::largest_idle_whole(std::size_t max_granules) const {
@@ -102,30 +119,17 @@ std::uint32_t PhysicalPool::largest_idle_whole(std::size_t max_granules) const {
   return it == idle_whole_.begin() ? 0 : std::prev(it)->second;
 }
 
-std::size_t PhysicalPool::idle_whole_granules() const {
-  std::size_t n = 0;
-  for (const auto& [granules, chunk] : idle_whole_) n += granules;
-  return n;
-}
-
 void PhysicalPool::mapped(PhysRef p, Mapping m) {
-  Chunk& c = chunks_.at(p.chunk);
-  std::uint32_t& n = c.maps[p.offset];
-  if (n == UINT32_MAX) throw std::logic_error("cuarena: physical granule mapped 2^32 times");
-  ++n;
-  c.active[p.offset].push_back(m);
+  chunks_.at(p.chunk).active[p.offset].push_back(m);
 }
 
 void PhysicalPool::unmapped(PhysRef p, Mapping m) {
   Chunk& c = chunks_.at(p.chunk);
   auto& list = c.active[p.offset];
-  auto it = std::find(list.begin(), list.end(), m);
-  if (it == list.end()) throw std::logic_error("cuarena: unmapping an active mapping not recorded");
-  list.erase(it);
-  if (--c.maps[p.offset] == 0) {
-    if (!c.whole) put_idle(p);
-    else if (++c.idle == c.maps.size()) idle_whole_.insert({c.maps.size(), p.chunk});
-  }
+  erase_mapping(list, m, "unmapping an active mapping");
+  if (!list.empty()) return;
+  if (!c.whole) put_idle(p);
+  else if (++c.idle == c.granules) add_idle_whole(p.chunk);
 }
 
 std::size_t PhysicalPool::release_idle_chunks() {
@@ -133,7 +137,7 @@ std::size_t PhysicalPool::release_idle_chunks() {
   for (const auto& [id, c] : chunks_) {
     const bool dormant = std::any_of(c.dormant.begin(), c.dormant.end(),
                                      [](const auto& list) { return !list.empty(); });
-    if (c.idle == c.maps.size() && !dormant) idle_chunks.push_back(id);
+    if (c.idle == c.granules && !dormant) idle_chunks.push_back(id);
   }
   std::size_t released = 0;
   for (const std::uint32_t id : idle_chunks) {
@@ -185,7 +189,7 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
       const PhysRef p = a->phys(g);
       const Chunk& c = chunks_.at(p.chunk);
       if (!c.whole || p.offset != 0) continue;
-      for (std::uint32_t o = 0; o < c.maps.size(); ++o) {
+      for (std::uint32_t o = 0; o < c.granules; ++o) {
         if (a->phys(g + o) != PhysRef{p.chunk, o} || a->is_dormant(g + o) != a->is_dormant(g))
           throw std::logic_error("cuarena invariant violated: a whole chunk mapped in part");
       }
@@ -193,12 +197,12 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
   }
   std::size_t total = 0, idle = 0;
   for (const auto& [id, c] : chunks_) {
-    total += c.maps.size();
+    total += c.granules;
     std::size_t chunk_idle = 0;
-    for (std::uint32_t o = 0; o < c.maps.size(); ++o) {
+    for (std::uint32_t o = 0; o < c.granules; ++o) {
       auto it = seen.find({id, o});
       const std::size_t n = it == seen.end() ? 0 : it->second;
-      if (n != c.maps[o] || n != c.active[o].size())
+      if (n != c.active[o].size())
         throw std::logic_error("cuarena invariant violated: physical granule map count wrong");
       chunk_idle += n == 0;
       if (!c.whole && (c.idle_pos[o] != kNotIdle) != (n == 0))
@@ -210,18 +214,22 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
     if (chunk_idle != c.idle)
       throw std::logic_error("cuarena invariant violated: chunk idle count wrong");
     if (!c.whole) idle += chunk_idle;
-    else if (chunk_idle != 0 && chunk_idle != c.maps.size())
+    else if (chunk_idle != 0 && chunk_idle != c.granules)
       throw std::logic_error("cuarena invariant violated: a whole chunk partly mapped");
   }
   if (idle != idle_.size())
     throw std::logic_error("cuarena invariant violated: idle list disagrees with map counts");
   for (const auto& [id, c] : chunks_) {
-    if (c.whole && (c.idle == c.maps.size()) != (idle_whole_.count({c.maps.size(), id}) == 1))
+    if (c.whole && (c.idle == c.granules) != (idle_whole_.count({c.granules, id}) == 1))
       throw std::logic_error("cuarena invariant violated: idle whole chunks disagree with map counts");
   }
+  std::size_t idle_whole = 0;
   for (const auto& [granules, id] : idle_whole_) {
     if (!chunks_.count(id)) throw std::logic_error("cuarena invariant violated: a released chunk is idle");
+    idle_whole += granules;
   }
+  if (idle_whole != idle_whole_granules_)
+    throw std::logic_error("cuarena invariant violated: idle whole granules miscounted");
   if (total * ctx_.granule != expected_bytes)
     throw std::logic_error("cuarena invariant violated: chunks disagree with reserved_bytes");
 }

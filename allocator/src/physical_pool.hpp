@@ -13,12 +13,13 @@
 // when no mapping of it is active it is idle (in `idle_whole_`, by size), and may back a run of
 // at least its size in another request; it is never aliased.
 //
-// Invariants kept here: for every granule, maps == number of virtual granules actively mapping
-// it, and `active` lists them; `dormant` lists exactly the virtual granules mapping it dormant,
-// at most config dormant_maps of them; a granule of a chunk that is not whole is in `idle_` (at
-// idle_pos) iff maps == 0 and it is not taken; a whole chunk is in `idle_whole_` iff no granule
-// of it is mapped active and it is not taken; chunk.idle == its granules with maps == 0 and not
-// taken; each mapping of a whole chunk, active or dormant, covers all its granules, in order.
+// Invariants kept here: for every granule, `active` lists exactly the virtual granules mapping it
+// actively and `dormant` those mapping it dormant, at most config dormant_maps of them; a
+// granule of a chunk that is not whole is in `idle_` (at idle_pos) iff no active mapping and it
+// is not taken; a whole chunk is in `idle_whole_` iff no granule of it is active and it is not
+// taken, and idle_whole_granules_ sums their sizes; chunk.idle == its granules with no active
+// mapping and not taken; each mapping of a whole chunk, active or dormant, covers all its
+// granules, in order.
 #pragma once
 
 #include <cstddef>
@@ -72,13 +73,13 @@ class PhysicalPool {
   bool idle_whole_empty() const { return idle_whole_.empty(); }
   bool is_idle_whole(std::uint32_t chunk) const {
     const Chunk& c = chunks_.at(chunk);
-    return c.whole && idle_whole_.count({c.maps.size(), chunk}) == 1;
+    return c.whole && idle_whole_.count({c.granules, chunk}) == 1;
   }
-  std::size_t idle_whole_granules() const;  // O(idle whole chunks)
+  std::size_t idle_whole_granules() const { return idle_whole_granules_; }
   /// Idle whole chunks by size, smallest first: (granules, chunk).
   const std::set<std::pair<std::size_t, std::uint32_t>>& idle_whole() const { return idle_whole_; }
   bool whole(std::uint32_t chunk) const { return chunks_.at(chunk).whole; }
-  std::size_t granules(std::uint32_t chunk) const { return chunks_.at(chunk).maps.size(); }
+  std::size_t granules(std::uint32_t chunk) const { return chunks_.at(chunk).granules; }
 
   /// Bookkeeping for one active virtual mapping `m` of `p` made or removed (dormant or
   /// unmapped). A granule with no other active mapping becomes idle.
@@ -105,7 +106,7 @@ class PhysicalPool {
   static constexpr std::uint32_t kNotIdle = UINT32_MAX;
   struct Chunk {
     PhysHandle handle = 0;
-    std::vector<std::uint32_t> maps;      // per granule: active mappings
+    std::size_t granules = 0;
     std::vector<std::uint32_t> idle_pos;  // per granule: index in idle_, or kNotIdle
     std::vector<std::vector<Mapping>> dormant;  // per granule, oldest first
     std::vector<std::vector<Mapping>> active;   // per granule (kept for whole chunks too)
@@ -116,6 +117,10 @@ class PhysicalPool {
   std::unordered_map<std::uint32_t, Chunk> chunks_;
   std::vector<PhysRef> idle_;
   std::set<std::pair<std::size_t, std::uint32_t>> idle_whole_;  // (granules, chunk)
+  std::size_t idle_whole_granules_ = 0;
+  // Every change to idle_whole_ goes through these two, which keep idle_whole_granules_.
+  void add_idle_whole(std::uint32_t chunk);
+  bool drop_idle_whole(std::uint32_t chunk);  // false if it was not idle
   std::uint32_t next_chunk_ = 1;
 };
 
