@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole CPU test suite: installs dependencies, builds, runs every test (GoogleTest via CTest
 # and pytest), then builds the policy core, the replayer and the tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer and runs them there too.
+# AddressSanitizer + UndefinedBehaviorSanitizer and runs them there too, and the core's thread
+# tests under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,10 @@ ctest --preset default | tee -a "$log"
 cmake --preset asan
 cmake --build --preset asan
 ctest --preset asan | tee -a "$log"
+
+cmake --preset tsan
+cmake --build --preset tsan
+ctest --preset tsan | tee -a "$log"
 
 # Why the GPU tests skip (when they do): the reason they give.
 if [ -x build/bin/gpu_tests ]; then

@@ -1,10 +1,17 @@
-// Allocator: the façade over BlockPool and SlabArena. It owns the lock, the table of live
-// allocations, frees waiting on record_stream events, the statistics, and the out-of-memory path.
+// Allocator: the façade over BlockPool and SlabArena. It owns the device lock, the table of live
+// allocations, the stream caches, frees waiting on record_stream events, the statistics, and the
+// out-of-memory path.
 //
 // Invariants kept here: `live_` holds exactly the allocations handed out and not yet freed;
-// `pending_` holds freed allocations whose record_stream events have not all completed, and
-// their memory is still allocated in the pool/slab; allocation/allocated_bytes/requested_bytes
-// count `live_`, active/active_bytes count `live_` plus `pending_`.
+// `pending_` holds freed allocations whose record_stream events have not all completed, and the
+// stream caches hold freed blocks parked there (stream_cache.hpp); the memory of both is still
+// allocated in the pool/slab. Once the caches' deltas are folded in (every reader of the
+// statistics folds first), allocation/allocated_bytes/requested_bytes count `live_`, and
+// active/active_bytes count `live_` plus `pending_`.
+//
+// Locks: `mu_` (the device lock) guards everything but `live_` (striped, leaf locks) and the
+// stream caches (their own locks, taken after `mu_` when both are held). The fast path, a stream
+// cache hit or park, takes no `mu_`.
 #include "cuarena/allocator.hpp"
 
 #include <algorithm>
@@ -12,16 +19,21 @@
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
-#include <unordered_map>
+#include <optional>
 
 #include "block_pool.hpp"
 #include "cuarena/size_classes.hpp"
+#include "live_table.hpp"
 #include "slab_arena.hpp"
+#include "stream_cache.hpp"
 
 namespace cuarena {
 
 using detail::Block;
+using detail::CachedBlock;
+using detail::LiveBlock;
 using detail::Slab;
+using detail::StreamCache;
 
 namespace {
 std::string hex(DevicePtr p) {
@@ -66,57 +78,95 @@ class Allocator::Impl {
 
   void* allocate(std::size_t bytes, StreamId stream) {
     if (bytes == 0) return nullptr;
-    std::lock_guard lock(mu_);
-    if (!pending_.empty()) process_pending(false);
-    Live rec{bytes, 0, stream, nullptr, nullptr, {}};
-    DevicePtr ptr = 0;
     const bool small = bytes <= config_.small_limit;
+    std::size_t cls = 0;
+    LiveBlock rec{bytes, 0, stream, nullptr, nullptr, {}};
     if (small) {
-      const std::size_t cls = classes_.index(bytes);
+      cls = classes_.index(bytes);
       rec.size = classes_.size(cls);
-      ptr = slabs_.allocate(cls, stream, rec.slab);
-      if (ptr == 0) {
-        reclaim();
-        ptr = slabs_.allocate(cls, stream, rec.slab);
+    } else if (bytes <= SIZE_MAX - kMinBlockSize) {
+      rec.size = round_up(bytes, kMinBlockSize);
+    }
+    // Fast path: a block this stream parked while the device lock was taken.
+    if (rec.size != 0) {
+      if (StreamCache* c = caches_.find(stream); c != nullptr && c->maybe_nonempty()) {
+        CachedBlock hit;
+        if (c->take(rec.size, small, bytes, hit)) {
+          rec.slab = hit.slab;
+          rec.block = hit.block;
+          live_.insert(hit.ptr, std::move(rec));
+          return reinterpret_cast<void*>(hit.ptr);
+        }
       }
-    } else {
-      if (bytes <= SIZE_MAX - kMinBlockSize) {
-        rec.size = round_up(bytes, kMinBlockSize);
+    }
+
+    DevicePtr ptr = 0;
+    {
+      std::lock_guard lock(mu_);
+      if (!pending_.empty()) process_pending(false);
+      if (small) {
+        ptr = slabs_.allocate(cls, stream, rec.slab);
+        if (ptr == 0) {
+          reclaim();
+          ptr = slabs_.allocate(cls, stream, rec.slab);
+        }
+      } else if (rec.size != 0) {
         rec.block = pool_.try_allocate(rec.size, stream);
         if (rec.block == nullptr && rec.size <= ctx_.limit) {  // else no wait can help
           reclaim();
           rec.block = pool_.try_allocate(rec.size, stream);
         }
+        ptr = rec.block ? rec.block->addr : 0;
       }
-      ptr = rec.block ? rec.block->addr : 0;
-    }
-    if (ptr == 0) throw out_of_memory(bytes, stream);
+      if (ptr == 0) throw out_of_memory(bytes, stream);
 
-    const int pool = int(small ? Pool::kSmall : Pool::kLarge);
-    for (int p : {int(Pool::kAll), pool}) {
-      stats_.allocation[p].increase(1);
-      stats_.active[p].increase(1);
-      stats_.allocated_bytes[p].increase(std::int64_t(rec.size));
-      stats_.active_bytes[p].increase(std::int64_t(rec.size));
-      stats_.requested_bytes[p].increase(std::int64_t(rec.requested));
+      const int pool = int(small ? Pool::kSmall : Pool::kLarge);
+      for (int p : {int(Pool::kAll), pool}) {
+        stats_.allocation[p].increase(1);
+        stats_.active[p].increase(1);
+        stats_.allocated_bytes[p].increase(std::int64_t(rec.size));
+        stats_.active_bytes[p].increase(std::int64_t(rec.size));
+        stats_.requested_bytes[p].increase(std::int64_t(rec.requested));
+      }
+      sync_inactive();
     }
-    live_.emplace(ptr, std::move(rec));
-    sync_inactive();
+    live_.insert(ptr, std::move(rec));  // nobody can free ptr before it is returned
     return reinterpret_cast<void*>(ptr);
   }
 
   void deallocate(void* p) {
     if (p == nullptr) return;
-    std::lock_guard lock(mu_);
     const auto ptr = reinterpret_cast<DevicePtr>(p);
-    auto it = live_.find(ptr);
-    if (it == live_.end()) {
+    std::optional<LiveBlock> taken = live_.take(ptr);
+    if (!taken) {
       throw InvalidPointerError("cuarena: deallocate(" + hex(ptr) +
                                 "): not a live allocation of this allocator (never allocated "
                                 "here, or already freed)");
     }
-    Live rec = std::move(it->second);
-    live_.erase(it);
+    LiveBlock& rec = *taken;
+    std::unique_lock lock(mu_, std::defer_lock);
+    StreamCache* cache = nullptr;
+    if (rec.uses.empty() && config_.stream_cache_bytes != 0) {
+      // Park the block in its stream's cache rather than queue for the device lock: when the
+      // lock is taken, or while the stream is parking (it met a taken lock since its last drain).
+      const CachedBlock b{ptr, rec.size, rec.slab, rec.block};
+      cache = caches_.find(rec.stream);
+      if (cache != nullptr && cache->parking() &&
+          cache->park(b, rec.requested, config_.stream_cache_bytes))
+        return;
+      if (!lock.try_lock()) {
+        if (cache == nullptr) cache = caches_.get(rec.stream);
+        if (cache != nullptr && cache->park(b, rec.requested, config_.stream_cache_bytes)) {
+          cache->start_parking();
+          return;
+        }
+        lock.lock();
+      }
+      // A full cache goes back to the pool whole, so it never holds stale sizes for long.
+      if (cache != nullptr && cache->maybe_nonempty()) drain_cache(*cache);
+    } else {
+      lock.lock();
+    }
     const int pool = int(rec.slab ? Pool::kSmall : Pool::kLarge);
     for (int q : {int(Pool::kAll), pool}) {
       stats_.allocation[q].decrease(1);
@@ -138,16 +188,16 @@ class Allocator::Impl {
   }
 
   void record_stream(void* p, StreamId stream) {
-    std::lock_guard lock(mu_);
     const auto ptr = reinterpret_cast<DevicePtr>(p);
-    auto it = live_.find(ptr);
-    if (it == live_.end()) {
+    const bool live = live_.update(ptr, [&](LiveBlock& rec) {
+      if (stream != rec.stream &&
+          std::find(rec.uses.begin(), rec.uses.end(), stream) == rec.uses.end())
+        rec.uses.push_back(stream);
+    });
+    if (!live) {
       throw InvalidPointerError("cuarena: record_stream(" + hex(ptr) +
                                 "): not a live allocation of this allocator");
     }
-    Live& rec = it->second;
-    if (stream != rec.stream && std::find(rec.uses.begin(), rec.uses.end(), stream) == rec.uses.end())
-      rec.uses.push_back(stream);
   }
 
   bool owns(const void* p) const {
@@ -157,6 +207,7 @@ class Allocator::Impl {
 
   std::size_t release_cached() {
     std::lock_guard lock(mu_);
+    drain_caches();
     process_pending(true);
     pool_.synchronize();
     const std::size_t bytes = pool_.release_cached();
@@ -166,6 +217,7 @@ class Allocator::Impl {
 
   void process_events() {
     std::lock_guard lock(mu_);
+    drain_caches();
     process_pending(false);
     pool_.poll_sweeps();
     pool_.record_sweeps();
@@ -174,11 +226,14 @@ class Allocator::Impl {
 
   Stats stats() const {
     std::lock_guard lock(mu_);
+    fold_caches();
+    sync_inactive();
     return stats_;
   }
 
   void reset_peak_stats() {
     std::lock_guard lock(mu_);
+    fold_caches();
     for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                          &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                          &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
@@ -189,21 +244,23 @@ class Allocator::Impl {
   const Config& config() const { return config_; }
 
   std::vector<BlockInfo> live_blocks() const {
-    std::lock_guard lock(mu_);
     std::vector<BlockInfo> out;
-    out.reserve(live_.size());
-    for (const auto& [ptr, rec] : live_)
+    live_.for_each([&](DevicePtr ptr, const LiveBlock& rec) {
       out.push_back({ptr, rec.requested, rec.size, rec.stream, rec.slab != nullptr});
+    });
+    std::sort(out.begin(), out.end(),
+              [](const BlockInfo& a, const BlockInfo& b) { return a.ptr < b.ptr; });
     return out;
   }
 
   Fragmentation fragmentation() const {
     std::lock_guard lock(mu_);
+    fold_caches();
     Fragmentation f;
     std::size_t slab_total = 0, slab_largest = 0;
     pool_.free_mapped_extents(f.free_bytes, f.largest_free);
     slabs_.free_extents(slab_total, slab_largest);
-    f.free_bytes += slab_total;
+    f.free_bytes += slab_total + std::size_t(stats_.stream_cached_bytes);
     f.largest_free = std::max(f.largest_free, slab_largest);
     const auto& all = int(Pool::kAll);
     f.rounding_waste =
@@ -213,55 +270,84 @@ class Allocator::Impl {
 
   MemoryBreakdown memory_breakdown() const {
     std::lock_guard lock(mu_);
+    fold_caches();
     const detail::BlockPool::Breakdown b = pool_.breakdown();
     std::size_t slab_free = 0, largest = 0;
     slabs_.free_extents(slab_free, largest);
-    return {b.allocated, slab_free, b.owned, b.shared, b.retired, b.idle};
+    return {b.allocated, slab_free, std::size_t(stats_.stream_cached_bytes), b.owned, b.shared,
+            b.retired, b.idle};
   }
 
   void check_invariants() const {
     std::lock_guard lock(mu_);
+    fold_caches();
     pool_.check_invariants();
     slabs_.check_invariants();
-    std::int64_t bytes = 0, requested = 0;
-    for (const auto& [ptr, rec] : live_) {
-      bytes += std::int64_t(rec.size);
-      requested += std::int64_t(rec.requested);
-      if (rec.slab) {
-        const Slab& s = *rec.slab;
-        if (ptr < s.base() || ptr + rec.size > s.base() + std::size_t(s.slots) * s.slot_size)
+    std::int64_t bytes = 0, requested = 0, count = 0;
+    auto check_memory = [](DevicePtr ptr, std::size_t size, const Slab* slab, const Block* block) {
+      if (slab) {
+        if (ptr < slab->base() || ptr + size > slab->base() + std::size_t(slab->slots) * slab->slot_size)
           throw std::logic_error("cuarena invariant violated: " + hex(ptr) + " outside its slab");
-      } else if (!rec.block->allocated || rec.block->addr != ptr || rec.block->size != rec.size) {
+      } else if (!block->allocated || block->addr != ptr || block->size != size) {
         throw std::logic_error("cuarena invariant violated: " + hex(ptr) + " block mismatch");
       }
-    }
+    };
+    live_.for_each([&](DevicePtr ptr, const LiveBlock& rec) {
+      ++count;
+      bytes += std::int64_t(rec.size);
+      requested += std::int64_t(rec.requested);
+      check_memory(ptr, rec.size, rec.slab, rec.block);
+    });
+    caches_.for_each([&](StreamCache& c) {
+      c.for_each_block([&](const CachedBlock& b) {
+        if (live_.contains(b.ptr))
+          throw std::logic_error("cuarena invariant violated: " + hex(b.ptr) +
+                                 " both live and in a stream cache");
+        check_memory(b.ptr, b.size, b.slab, b.block);
+      });
+    });
     const int all = int(Pool::kAll);
-    if (stats_.allocation[all].current != std::int64_t(live_.size()) ||
-        stats_.allocated_bytes[all].current != bytes ||
+    if (stats_.allocation[all].current != count || stats_.allocated_bytes[all].current != bytes ||
         stats_.requested_bytes[all].current != requested)
       throw std::logic_error("cuarena invariant violated: statistics disagree with live blocks");
-    if (stats_.active[all].current != std::int64_t(live_.size() + pending_.size()))
+    if (stats_.active[all].current != count + std::int64_t(pending_.size()))
       throw std::logic_error("cuarena invariant violated: active count disagrees");
     if (stats_.reserved_bytes[int(Pool::kSmall)].current != std::int64_t(slabs_.slab_bytes()))
       throw std::logic_error("cuarena invariant violated: small_pool reserved != slab bytes");
   }
 
  private:
-  struct Live {
-    std::size_t requested;
-    std::size_t size;
-    StreamId stream;
-    Slab* slab;
-    Block* block;
-    std::vector<StreamId> uses;  // other streams from record_stream()
-  };
   struct PendingFree {
     DevicePtr ptr;
-    Live live;
+    LiveBlock live;
     std::vector<EventId> events;
   };
 
-  void finish_free(DevicePtr ptr, const Live& rec) {
+  /// Returns every block parked in a stream cache to its slab or the pool (their statistics
+  /// were counted at park time). Caller holds mu_.
+  void drain_caches() {
+    if (!caches_.any()) return;
+    caches_.for_each([&](StreamCache& c) { drain_cache(c); });
+    stats_.stream_cached_bytes = 0;
+  }
+  void drain_cache(StreamCache& c) {
+    drained_.clear();
+    c.drain(drained_, stats_);
+    for (const CachedBlock& b : drained_) {
+      if (b.slab) slabs_.deallocate(b.slab, b.ptr);
+      else pool_.deallocate(b.block);
+    }
+  }
+
+  /// Folds the statistics changes of the fast path into stats_. Caller holds mu_.
+  void fold_caches() const {
+    if (!caches_.any()) return;
+    std::size_t bytes = 0;
+    caches_.for_each([&](StreamCache& c) { bytes += c.fold(stats_); });
+    stats_.stream_cached_bytes = std::int64_t(bytes);
+  }
+
+  void finish_free(DevicePtr ptr, const LiveBlock& rec) {
     const int pool = int(rec.slab ? Pool::kSmall : Pool::kLarge);
     for (int q : {int(Pool::kAll), pool}) {
       stats_.active[q].decrease(1);
@@ -301,6 +387,7 @@ class Allocator::Impl {
   /// stream's free blocks may be reused or unmapped. (Empty slabs are never cached.)
   void reclaim() {
     ++stats_.num_alloc_retries;
+    drain_caches();
     process_pending(true);
     pool_.synchronize();
     // A segment backend cannot steal: give whole free segments back so a new one may fit.
@@ -309,6 +396,7 @@ class Allocator::Impl {
 
   OutOfMemoryError out_of_memory(std::size_t bytes, StreamId stream) {
     ++stats_.num_ooms;
+    fold_caches();
     const int all = int(Pool::kAll);
     const auto reserved = std::size_t(stats_.reserved_bytes[all].current);
     const auto allocated = std::size_t(stats_.allocated_bytes[all].current);
@@ -324,7 +412,7 @@ class Allocator::Impl {
     return OutOfMemoryError(msg.str(), bytes);
   }
 
-  void sync_inactive() {
+  void sync_inactive() const {
     auto set = [](Stat& s, std::int64_t value) {
       if (value > s.current) s.increase(value - s.current);
       else if (value < s.current) s.decrease(s.current - value);
@@ -337,14 +425,16 @@ class Allocator::Impl {
     set(stats_.inactive_split[int(Pool::kLarge)], std::int64_t(pool_.free_block_count()));
   }
 
-  mutable std::mutex mu_;
+  mutable std::mutex mu_;  // the device lock
   Config config_;
-  Stats stats_;
+  mutable Stats stats_;  // mutable: readers fold the stream caches' deltas in first
   SizeClasses classes_;
   detail::Context ctx_;
   detail::BlockPool pool_;  // declared before slabs_: slabs return blocks to it on destruction
   detail::SlabArena slabs_;
-  std::unordered_map<DevicePtr, Live> live_;
+  mutable detail::LiveTable live_;
+  detail::StreamCaches caches_;
+  std::vector<CachedBlock> drained_;  // drain_cache()'s scratch, under mu_
   std::vector<PendingFree> pending_;
 };
 

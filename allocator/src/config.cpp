@@ -131,6 +131,8 @@ const std::vector<std::pair<std::string, Setter>>& setters() {
          else if (v == "False" || v == "false") c.stream_alias = false;
          else bad_value(e, "True or False");
        }},
+      {"stream_cache_bytes",
+       [](Config& c, const Entry& e) { c.stream_cache_bytes = parse_size_entry(e); }},
       {"sweep_interval",
        [](Config& c, const Entry& e) { c.sweep_interval = std::uint32_t(parse_uint(e, 1, 1u << 20)); }},
       {"va_reserve", [](Config& c, const Entry& e) { c.va_reserve = parse_size_entry(e); }},
@@ -207,6 +209,7 @@ std::string Config::to_string() const {
       << ",dormant_maps:" << dormant_maps
       << ",per_process_memory_fraction:" << per_process_memory_fraction
       << ",stream_alias:" << (stream_alias ? "True" : "False")
+      << ",stream_cache_bytes:" << stream_cache_bytes
       << ",sweep_interval:" << sweep_interval << ",va_reserve:" << va_reserve << ",upstream:" << cuarena::to_string(upstream)
       << ",sim_event_latency:" << sim_event_latency << ",sim_capacity:" << sim_capacity
       << ",sim_granularity:" << sim_granularity;

@@ -50,6 +50,8 @@ std::map<std::string, std::int64_t> Stats::to_map() const {
   out["cuarena.events_recorded"] = events_recorded;
   out["cuarena.cross_stream_reuses"] = cross_stream_reuses;
   out["cuarena.pending_frees"] = pending_frees;
+  out["cuarena.stream_cache_hits"] = stream_cache_hits;
+  out["cuarena.stream_cached_bytes"] = stream_cached_bytes;
   return out;
 }
 

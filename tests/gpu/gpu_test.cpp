@@ -287,6 +287,39 @@ TEST(CudaAllocators, FreesReturnToTheOwningDevice) {
   ok(cudaSetDevice(0));
 }
 
+// One device in use: threads allocate and free through CudaAllocators at once (the lookup
+// takes no lock), and a pointer cuarena never gave out is still refused.
+TEST(CudaAllocators, ThreadsShareOneDeviceAndForeignPointersAreRefused) {
+  REQUIRE_GPU();
+  CudaAllocators all;
+  std::vector<std::thread> threads;
+  std::atomic<int> errors{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      try {
+        ok(cudaSetDevice(0));
+        cudaStream_t s;
+        ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        for (int i = 0; i < 2000; ++i) {
+          void* p = all.allocate(std::size_t(1) << (10 + i % 14), 0, reinterpret_cast<StreamId>(s));
+          all.deallocate(p);
+        }
+        ok(cudaStreamSynchronize(s));
+        ok(cudaStreamDestroy(s));
+      } catch (const std::exception&) {
+        ++errors;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(all.allocator(0).stats().allocation[0].current, 0);
+  int on_host = 0;
+  EXPECT_THROW(all.deallocate(&on_host), InvalidPointerError);
+  EXPECT_THROW(all.record_stream(&on_host, 0), InvalidPointerError);
+  all.allocator(0).check_invariants();
+}
+
 // Every bundled trace replayed with real memory, verified, and compared with the simulator.
 class GpuReplay : public ::testing::TestWithParam<const char*> {};
 

@@ -12,8 +12,15 @@
 // of those streams complete. No call ever blocks the host on the device, except the last-resort
 // synchronisation before an OutOfMemoryError.
 //
-// Thread semantics: every member function is safe to call concurrently (one mutex per
-// Allocator).
+// Thread semantics: every member function is safe to call concurrently. One mutex per Allocator
+// (the device lock) guards the pool; when a free finds it held by another thread, the block is
+// parked in its stream's cache (config stream_cache_bytes) and the next allocation of the same
+// rounded size on that stream takes it back without the lock, so threads working on their own
+// streams scale instead of queuing. Parked blocks return to the pool at process_events(),
+// release_cached() and before an out-of-memory error. Statistics count a parked block as freed;
+// with threads contending, a peak_* value may under-read by at most the bytes parked
+// (stream_cache_bytes per stream) because the fast path's changes are summed before they reach
+// the statistics.
 #pragma once
 
 #include <cstddef>
@@ -94,11 +101,12 @@ class Allocator {
 
   /// Where the reserved (physical) memory is, in bytes. in_use + owned_cached + shared_cached +
   /// idle make up reserved_bytes (less any granule mapped only at a retired address); `retired`
-  /// counts old addresses of granules that in_use already counts, and slab_free is part of
-  /// in_use.
+  /// counts old addresses of granules that in_use already counts, and slab_free and
+  /// stream_cached are part of in_use.
   struct MemoryBreakdown {
     std::size_t in_use = 0;         ///< granules under allocated blocks and slabs
     std::size_t slab_free = 0;      ///< of in_use: free slots inside slabs
+    std::size_t stream_cached = 0;  ///< of in_use: freed blocks parked in stream caches
     std::size_t owned_cached = 0;   ///< cached in free blocks only their stream may reuse yet
     std::size_t shared_cached = 0;  ///< cached in free blocks any stream may reuse or unmap
     std::size_t retired = 0;        ///< old addresses of re-used granules, awaiting an event

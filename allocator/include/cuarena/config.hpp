@@ -61,6 +61,11 @@ struct Config {
   /// Reuse a stream's own freed granules for its next request at once, by mapping them at the
   /// new address too (no wait for the device). False: only granules whose events completed.
   bool stream_alias = true;
+  /// Most bytes of freed blocks each stream's cache may hold (a block is parked there only when
+  /// its free finds the device lock held by another thread; see allocator.hpp). Bounds the extra
+  /// memory threads contending can hold, and how far a peak statistic may under-read. 0: no
+  /// stream caches (every free waits for the lock).
+  std::size_t stream_cache_bytes = std::size_t{32} << 20;
   /// Frees on a stream between checks of its sweep event (which lets blocks freed there become
   /// reusable by other streams and stealable). Lower: less memory, more event calls.
   std::uint32_t sweep_interval = 16;

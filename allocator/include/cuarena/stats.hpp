@@ -67,6 +67,8 @@ struct Stats {
   std::int64_t events_recorded = 0;       ///< backend events recorded
   std::int64_t cross_stream_reuses = 0;   ///< blocks reused by a stream other than the freeing one
   std::int64_t pending_frees = 0;         ///< current: frees waiting on events (record_stream)
+  std::int64_t stream_cache_hits = 0;     ///< allocations served from a stream cache (no lock)
+  std::int64_t stream_cached_bytes = 0;   ///< current: bytes of freed blocks parked in them
 
   /// Flattened under PyTorch's key names (`allocated_bytes.all.current`, `num_ooms`, ...) and
   /// cuarena's (`cuarena.granules_mapped`, ...).

@@ -2,12 +2,15 @@
 // backend of the configured upstream (make_cuda_backend). A pointer is always returned to the device that allocated it, whichever
 // device is current when it is freed.
 //
-// Thread semantics: every member is safe to call concurrently. Errors: as Allocator;
+// Thread semantics: every member is safe to call concurrently; after a device's first use,
+// finding its allocator takes no lock (so threads scale as far as Allocator does), and with a
+// single device in use a free goes straight to it. Errors: as Allocator;
 // InvalidPointerError for a pointer no device's allocator owns; BackendError for a device that
 // does not exist or lacks what the upstream needs.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <mutex>
 
@@ -45,8 +48,11 @@ class CudaAllocators {
   Allocator& owner(const void* ptr);
 
   Config config_;
-  mutable std::mutex mu_;  // guards creation; each Allocator locks itself
-  std::array<PerDevice, kMaxDevices> devices_;
+  std::mutex create_mu_;  // guards creation; each Allocator locks itself
+  std::array<PerDevice, kMaxDevices> devices_;  // written under create_mu_ only
+  std::array<std::atomic<Allocator*>, kMaxDevices> ready_{};  // published once created
+  std::atomic<int> created_{0};
+  std::atomic<Allocator*> only_{nullptr};  // the allocator while exactly one device has one
 };
 
 }  // namespace cuarena
