@@ -49,7 +49,11 @@ CudaSegmentBackend::~CudaSegmentBackend() = default;
 std::size_t CudaSegmentBackend::capacity() const { return impl_->capacity; }
 int CudaSegmentBackend::device() const { return impl_->device; }
 std::size_t CudaSegmentBackend::driver_calls() const { return impl_->log.calls(); }
-std::map<std::string, double> CudaSegmentBackend::driver_us() const { return impl_->log.us(); }
+std::map<std::string, double> CudaSegmentBackend::driver_us() const {
+  auto us = impl_->log.us();
+  for (const auto& [call, t] : impl_->events.us()) us[call] += t;
+  return us;
+}
 
 EventId CudaSegmentBackend::record_event(StreamId stream) { return impl_->events.record(stream); }
 bool CudaSegmentBackend::event_completed(EventId event) { return impl_->events.completed(event); }

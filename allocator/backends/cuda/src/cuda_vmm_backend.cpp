@@ -84,7 +84,11 @@ std::size_t CudaVmmBackend::granularity() const { return impl_->granule; }
 std::size_t CudaVmmBackend::capacity() const { return impl_->capacity; }
 int CudaVmmBackend::device() const { return impl_->device; }
 std::size_t CudaVmmBackend::driver_calls() const { return impl_->log.calls(); }
-std::map<std::string, double> CudaVmmBackend::driver_us() const { return impl_->log.us(); }
+std::map<std::string, double> CudaVmmBackend::driver_us() const {
+  auto us = impl_->log.us();
+  for (const auto& [call, t] : impl_->events.us()) us[call] += t;
+  return us;
+}
 
 DevicePtr CudaVmmBackend::reserve_address(std::size_t bytes) {
   CUdeviceptr ptr = 0;

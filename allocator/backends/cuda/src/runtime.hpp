@@ -28,27 +28,6 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
-/// cudaEvent_t (timing disabled) behind EventIds, created on demand and reused. Ids are
-/// 1-based indexes. Not thread-safe: the owning backend is called under its allocator's lock.
-class EventPool {
- public:
-  explicit EventPool(int device) : device_(device) {}
-  ~EventPool();
-  EventPool(const EventPool&) = delete;
-  EventPool& operator=(const EventPool&) = delete;
-
-  /// Records on `stream` (a cudaStream_t of this device; 0 is its default stream).
-  EventId record(StreamId stream);
-  bool completed(EventId event);
-  void wait(EventId event);
-  void release(EventId event) { free_.push_back(event); }
-
- private:
-  int device_;
-  std::vector<cudaEvent_t> events_;
-  std::vector<EventId> free_;
-};
-
 /// Counts driver calls and their host wall time, per call name, in microseconds. Not
 /// thread-safe, like the backend that owns it.
 class CallLog {
@@ -68,6 +47,30 @@ class CallLog {
  private:
   std::map<const char*, double> us_;  // keyed by the literal's address: no string per call
   std::size_t calls_ = 0;
+};
+
+/// cudaEvent_t (timing disabled) behind EventIds, created on demand and reused. Ids are
+/// 1-based indexes. Not thread-safe: the owning backend is called under its allocator's lock.
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool();
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  /// Records on `stream` (a cudaStream_t of this device; 0 is its default stream).
+  EventId record(StreamId stream);
+  bool completed(EventId event);
+  void wait(EventId event);
+  void release(EventId event) { free_.push_back(event); }
+  /// Host wall time in cudaEventRecord / cudaEventQuery, in microseconds.
+  std::map<std::string, double> us() const { return log_.us(); }
+
+ private:
+  int device_;
+  CallLog log_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<EventId> free_;
 };
 
 /// Free and total bytes of `device` (cudaMemGetInfo).

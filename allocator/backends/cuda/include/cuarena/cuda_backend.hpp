@@ -27,7 +27,8 @@ class CudaBackend : public DeviceBackend {
   /// Driver/runtime memory calls made so far (create/release/map/unmap/set-access, or
   /// segment allocations and frees), for cost accounting.
   virtual std::size_t driver_calls() const = 0;
-  /// Host wall time spent in those calls, in microseconds, by call ("cuMemMap", ...).
+  /// Host wall time spent in those calls, and in event records and queries, in microseconds,
+  /// by call ("cuMemMap", "cudaEventRecord", ...).
   virtual std::map<std::string, double> driver_us() const = 0;
 };
 
