@@ -1,8 +1,9 @@
 // LiveTable: the allocations handed out and not yet freed, by address.
 //
-// Striped: each of kStripes hash maps has its own mutex, so threads freeing different blocks
+// Striped: each of kStripes hash maps has its own lock, so threads freeing different blocks
 // rarely meet, and the stream caches' fast path (stream_cache.hpp) never takes the device lock.
-// A stripe's mutex is a leaf lock: nothing else is locked while it is held.
+// A stripe's lock is a leaf lock (nothing else is taken while it is held) and a spin lock: it is
+// held for one hash-map operation, far shorter than a futex sleep and wake-up.
 //
 // Invariant kept here: a pointer is in at most one stripe (the one its address hashes to), and
 // only while it is a live allocation.
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "cuarena/types.hpp"
+#include "spin_lock.hpp"
 
 namespace cuarena::detail {
 
@@ -35,7 +37,7 @@ struct LiveBlock {
 
 class LiveTable {
  public:
-  static constexpr std::size_t kStripes = 64;
+  static constexpr std::size_t kStripes = 256;
 
   void insert(DevicePtr ptr, LiveBlock&& rec) {
     Stripe& s = stripe(ptr);
@@ -91,15 +93,15 @@ class LiveTable {
 
  private:
   struct alignas(64) Stripe {  // one cache line each: stripes do not share lines
-    mutable std::mutex mu;
+    mutable SpinLock mu;
     std::unordered_map<DevicePtr, LiveBlock> map;
   };
   // Fibonacci hashing of the 512-byte block index: neighbouring blocks land apart.
   static std::size_t index(DevicePtr ptr) {
-    return std::size_t((std::uint64_t(ptr >> 9) * 0x9E3779B97F4A7C15ull) >> 58);
+    return std::size_t((std::uint64_t(ptr >> 9) * 0x9E3779B97F4A7C15ull) >> 56);
   }
   Stripe& stripe(DevicePtr ptr) { return stripes_[index(ptr)]; }
-  static_assert(kStripes == 64, "stripe() takes the top 6 bits");
+  static_assert(kStripes == 256, "index() takes the top 8 bits");
 
   std::array<Stripe, kStripes> stripes_;
 };

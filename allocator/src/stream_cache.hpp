@@ -27,6 +27,7 @@
 
 #include "cuarena/stats.hpp"
 #include "cuarena/types.hpp"
+#include "spin_lock.hpp"
 
 namespace cuarena::detail {
 
@@ -51,7 +52,7 @@ struct CacheDelta {
   void fold_into(Stats& stats);
 };
 
-class StreamCache {
+class alignas(64) StreamCache {  // own cache lines: each is used by its stream's thread
  public:
   static constexpr std::size_t kMaxBlocks = 64;
 
@@ -84,7 +85,7 @@ class StreamCache {
   bool maybe_nonempty() const { return count_.load(std::memory_order_relaxed) != 0; }
 
  private:
-  std::mutex mu_;
+  SpinLock mu_;  // held for one short vector operation
   std::vector<CachedBlock> blocks_;  // newest last
   std::size_t bytes_ = 0;
   CacheDelta delta_;

@@ -48,6 +48,7 @@ class CuarenaGpu final : public GpuAllocator {
         {"granules_aliased", s.granules_aliased},
         {"granules_reactivated", s.granules_reactivated},
         {"events_recorded", s.events_recorded},
+        {"stream_cache_hits", s.stream_cache_hits},
         {"num_sync_all_streams", s.num_sync_all_streams}};
     // Host time in each driver call, in microseconds: where the replay time goes.
     for (const auto& [call, us] : backend_->driver_us()) out["driver_us." + call] = std::int64_t(us);
