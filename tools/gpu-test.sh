@@ -75,9 +75,13 @@ cat "$out/replay_verify.log" | head -90
 # allocators' own; every allocator in one process run, PyTorch's in fresh processes. Host
 # timings on a shared VM move by up to 2x between runs, so CUARENA_SPEED_RUNS runs (default 3)
 # are summarised as medians of cuarena / torch-native by tools/speed_summary.py.
+# Every run is pinned to one core (PyTorch's child processes inherit it), so the scheduler does
+# not move the replay thread between cores mid-run; both allocators run under the same pinning.
+pin=()
+if command -v taskset >/dev/null; then pin=(taskset -c 3); fi
 speed_runs=()
 for i in $(seq 1 "${CUARENA_SPEED_RUNS:-3}"); do
-  step "replay_speed_$i" build-gpu/bin/cuarena replay tests/data/traces/*.pickle.gz --backend cuda \
+  step "replay_speed_$i" "${pin[@]}" build-gpu/bin/cuarena replay tests/data/traces/*.pickle.gz --backend cuda \
     --json "$out/gpu_replay_speed_$i.json"
   speed_runs+=("$out/gpu_replay_speed_$i.json")
 done
