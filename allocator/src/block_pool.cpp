@@ -216,7 +216,8 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
     // over both would choose (PyTorch's single best fit): splitting a looser block than needed
     // costs 8-12% more memory on the bundled training traces.
     auto it = shared_free_.lower_bound(size);
-    if (it != shared_free_.end() && (*it)->size < b->size && missing_granules(*it, size) == 0) b = *it;
+    if (it != shared_free_.end() && (*it)->size < b->size && missing_granules(*it, size, 1) == 0)
+      b = *it;
   }
   if (b == nullptr) {
     // Miss on the stream's own blocks: let finished streams' blocks become shared first.
@@ -260,13 +261,15 @@ void BlockPool::deallocate(Block* b) {
   start_sweep(stream, sp);
 }
 
-std::size_t BlockPool::missing_granules(const Block* b, std::size_t size) const {
+std::size_t BlockPool::missing_granules(const Block* b, std::size_t size,
+                                       std::size_t limit) const {
   if (segments_) return 0;
   const Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
   a.covering(b->addr, size, first, last);
   std::size_t missing = 0;
-  for (std::size_t g = first; g < last; ++g) missing += !a.is_mapped(g) && !reclaimable(a, g);
+  for (std::size_t g = first; g < last && missing < limit; ++g)
+    missing += !a.is_mapped(g) && !reclaimable(a, g);
   return missing;
 }
 
@@ -306,7 +309,7 @@ Block* BlockPool::best_shared(std::size_t size) {
   int seen = 0;
   for (auto it = shared_free_.lower_bound(size); it != shared_free_.end() && seen < kCandidates;
        ++it, ++seen) {
-    const std::size_t missing = missing_granules(*it, size);
+    const std::size_t missing = missing_granules(*it, size, best_missing);
     if (missing < best_missing) {
       best = *it;
       best_missing = missing;

@@ -142,7 +142,15 @@ class BlockPool {
   };
   static constexpr std::size_t kMaxSweepsPerStream = 4;
 
-  StreamPool& stream_pool(StreamId stream) { return streams_[stream]; }
+  StreamPool& stream_pool(StreamId stream) {
+    // Consecutive calls are mostly for one stream: skip the hash lookup then. (streams_ is a
+    // node-based map whose entries are never erased, so the pointer stays valid.)
+    if (last_sp_ == nullptr || stream != last_stream_) {
+      last_sp_ = &streams_[stream];
+      last_stream_ = stream;
+    }
+    return *last_sp_;
+  }
   /// A new arena holding at least `min_size` bytes as one shared free block; nullptr when a
   /// segment backend refuses.
   Block* new_arena(std::size_t min_size, StreamId stream);
@@ -174,8 +182,10 @@ class BlockPool {
   /// Dormant granule g of `a` can be taken back with no driver call: its physical granule is
   /// idle, or active only inside a shared free block.
   bool reclaimable(const Arena& a, std::size_t g) const;
-  /// Granules of [b->addr, b->addr+size) neither mapped nor reclaimable.
-  std::size_t missing_granules(const Block* b, std::size_t size) const;
+  /// Granules of [b->addr, b->addr+size) neither mapped nor reclaimable, counted up to `limit`
+  /// (the scan stops there: callers only compare against it).
+  std::size_t missing_granules(const Block* b, std::size_t size,
+                               std::size_t limit = SIZE_MAX) const;
   /// The shared free block to serve `size` from (see the .cpp), or nullptr.
   Block* best_shared(std::size_t size);
   /// Backs [b->addr, b->addr+size) of detached block b for `stream`; false if refused.
@@ -248,6 +258,8 @@ class BlockPool {
   std::map<DevicePtr, Block*> shared_by_addr_;  // the same blocks by address
   IntrusiveList<Block, &Block::lru> warm_;  // LRU: front = freed longest ago
   std::size_t free_blocks_ = 0;
+  StreamId last_stream_ = 0;          // stream_pool()'s one-entry cache
+  StreamPool* last_sp_ = nullptr;
   std::size_t sweeps_pending_ = 0;
   const bool segments_;            // segment mode: the backend cannot map
   std::size_t segment_bytes_ = 0;  // bytes of all segments (segment mode's reserved bytes)

@@ -16,8 +16,11 @@ SlabArena::~SlabArena() {
 }
 
 std::vector<SlabArena::ClassState>& SlabArena::stream_classes(StreamId stream) {
-  auto& classes = streams_[stream];
+  if (last_classes_ != nullptr && stream == last_stream_) return *last_classes_;
+  auto& classes = streams_[stream];  // node-based, never erased: the pointer stays valid
   if (classes.empty()) classes.resize(classes_.count());
+  last_stream_ = stream;
+  last_classes_ = &classes;
   return classes;
 }
 

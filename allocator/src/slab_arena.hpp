@@ -69,6 +69,8 @@ class SlabArena {
   BlockPool& pool_;
   const SizeClasses& classes_;
   std::unordered_map<StreamId, std::vector<ClassState>> streams_;
+  StreamId last_stream_ = 0;  // stream_classes()'s one-entry cache
+  std::vector<ClassState>* last_classes_ = nullptr;
   IntrusiveList<Slab, &Slab::all> all_;  // every live slab, full ones included
   std::size_t slab_bytes_ = 0;
 };
