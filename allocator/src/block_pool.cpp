@@ -517,24 +517,40 @@ bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
 
 void BlockPool::map_granules(Arena& a, const std::vector<std::size_t>& granules,
                              const std::vector<PhysRef>& phys) {
-  // One backend call per run of consecutive virtual granules backed by consecutive granules
-  // of one chunk.
+  // One map call per run of consecutive virtual granules backed by consecutive granules of one
+  // chunk, and one access grant over several runs: `granules` are the holes of one request's
+  // range, so every granule between two of them is mapped already, by mappings lying wholly
+  // between them. A grant's cost barely grows with its size (~40 us for 2 MiB, ~85 us for
+  // 2 GiB on an H200), so runs far apart get their own.
+  constexpr std::size_t kMaxAccessGap = 64;  // granules
+  std::size_t span_begin = 0, span_end = 0;   // granules of the pending grant; empty if equal
+  auto grant = [&] {
+    if (span_end == span_begin) return;
+    ctx_.backend.set_access(a.granule_addr(span_begin), (span_end - span_begin) * ctx_.granule);
+    ++ctx_.stats.access_calls;
+    span_begin = span_end = 0;
+  };
   for (std::size_t i = 0; i < granules.size();) {
     std::size_t j = i + 1;
     while (j < granules.size() && granules[j] == granules[j - 1] + 1 &&
            phys[j].chunk == phys[i].chunk && phys[j].offset == phys[j - 1].offset + 1)
       ++j;
     const std::size_t count = j - i;
-    ctx_.backend.map(a.granule_addr(granules[i]), count * ctx_.granule,
-                     phys_.handle(phys[i].chunk), std::size_t(phys[i].offset) * ctx_.granule);
+    if (span_end != span_begin && granules[i] - span_end > kMaxAccessGap) grant();
+    ctx_.backend.map_no_access(a.granule_addr(granules[i]), count * ctx_.granule,
+                               phys_.handle(phys[i].chunk),
+                               std::size_t(phys[i].offset) * ctx_.granule);
     for (std::size_t k = i; k < j; ++k) {
       a.set(granules[k], phys[k]);
       phys_.mapped(phys[k], {&a, granules[k]});
     }
+    if (span_end == span_begin) span_begin = granules[i];
+    span_end = granules[i] + count;
     ++ctx_.stats.map_calls;
     ctx_.stats.granules_mapped += std::int64_t(count);
     i = j;
   }
+  grant();
 }
 
 void BlockPool::unmap_run(Arena& a, std::size_t first, std::size_t count) {

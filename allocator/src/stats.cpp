@@ -38,6 +38,7 @@ std::map<std::string, std::int64_t> Stats::to_map() const {
   out["max_split_size"] = max_split_size;
   out["cuarena.map_calls"] = map_calls;
   out["cuarena.unmap_calls"] = unmap_calls;
+  out["cuarena.access_calls"] = access_calls;
   out["cuarena.granules_aliased"] = granules_aliased;
   out["cuarena.granules_reactivated"] = granules_reactivated;
   out["cuarena.granules_mapped"] = granules_mapped;

@@ -64,6 +64,34 @@ TEST(CudaVmmBackend, MapsAliasesAndUnmapsRealMemory) {
   b.release_address(va, 8 * g);
 }
 
+// What BlockPool::map_granules relies on: runs mapped without access, then one cuMemSetAccess
+// over a range that also holds mappings made (with access) before, a whole chunk among them.
+TEST(CudaVmmBackend, OneAccessGrantCoversSeveralRunsAndTheMappingsBetween) {
+  REQUIRE_GPU();
+  CudaVmmBackend b(0);
+  const std::size_t g = b.granularity();
+  const DevicePtr va = b.reserve_address(8 * g);
+  const PhysHandle singles = b.create_physical(3 * g);
+  const PhysHandle whole = b.create_whole_physical(2 * g);
+  ASSERT_NE(singles, 0u);
+  ASSERT_NE(whole, 0u);
+  b.map(va + 2 * g, 2 * g, whole, 0);          // already there, accessible
+  b.map_no_access(va, 2 * g, singles, 0);       // new run before it
+  b.map_no_access(va + 4 * g, g, singles, 2 * g);  // new run after it
+  b.set_access(va, 5 * g);
+  std::vector<unsigned char> host(5 * g), back(5 * g, 0);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<unsigned char>(i / 4096);
+  ok(cudaMemcpy(reinterpret_cast<void*>(va), host.data(), host.size(), cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(back.data(), reinterpret_cast<void*>(va), back.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, host) << "every granule of the grant must be readable and writable";
+  b.unmap(va, 2 * g);
+  b.unmap(va + 2 * g, 2 * g);
+  b.unmap(va + 4 * g, g);
+  b.release_physical(singles);
+  b.release_physical(whole);
+  b.release_address(va, 8 * g);
+}
+
 TEST(CudaVmmBackend, EventsFollowTheStream) {
   REQUIRE_GPU();
   CudaVmmBackend b(0);

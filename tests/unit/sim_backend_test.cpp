@@ -57,6 +57,27 @@ TEST(SimBackend, AWholeChunkMapsAndUnmapsOnlyWhole) {
   EXPECT_EQ(sim.physical_bytes(), 0u);
 }
 
+// A grant must cover mapped granules only and cut through no mapping, as cuMemSetAccess needs;
+// until then a run mapped without access is not usable.
+TEST(SimBackend, AccessIsGrantedOverWholeMappingsOnly) {
+  SimBackend sim(sim_options(64 * MiB));
+  const DevicePtr va = sim.reserve_address(16 * kGranule);
+  const PhysHandle singles = sim.create_physical(3 * kGranule);
+  const PhysHandle whole = sim.create_whole_physical(2 * kGranule);
+  sim.map(va + 2 * kGranule, 2 * kGranule, whole, 0);
+  sim.map_no_access(va, 2 * kGranule, singles, 0);
+  EXPECT_FALSE(sim.is_mapped(va, kGranule)) << "mapped without access is not usable yet";
+  EXPECT_THROW(sim.set_access(va, 6 * kGranule), std::logic_error);  // granule 5 unmapped
+  EXPECT_THROW(sim.set_access(va, 3 * kGranule), std::logic_error);  // half the whole chunk
+  sim.set_access(va, 4 * kGranule);
+  EXPECT_TRUE(sim.is_mapped(va, 4 * kGranule));
+  EXPECT_EQ(sim.set_access_calls(), 1u);
+  sim.unmap(va, kGranule);
+  EXPECT_FALSE(sim.is_mapped(va, kGranule));
+  sim.map_no_access(va, kGranule, singles, 2 * kGranule);
+  EXPECT_FALSE(sim.is_mapped(va, kGranule)) << "a new mapping starts without access";
+}
+
 TEST(SimBackend, EventsCompleteByLogicalClock) {
   SimBackend sim(sim_options(1 * GiB, 3));
   const EventId e = sim.record_event(7);

@@ -62,6 +62,23 @@ class DeviceBackend {
   /// unmapped. Throws BackendError on failure, with nothing mapped.
   virtual void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) = 0;
 
+  /// As map(), but the range is not yet accessible: the caller grants access with set_access()
+  /// before handing it out, so one grant can cover several runs (cuMemSetAccess costs ~40 us a
+  /// call on an H200, whatever the size). The default maps with access (set_access is then a
+  /// no-op).
+  virtual void map_no_access(DevicePtr va, std::size_t bytes, PhysHandle chunk,
+                             std::size_t offset) {
+    map(va, bytes, chunk, offset);
+  }
+
+  /// Grants the device read/write access to [va, va+bytes) (granule multiples). Every granule in
+  /// it is mapped, and every mapping that overlaps it lies wholly inside it; parts may already
+  /// be accessible. Throws BackendError on failure (the runs stay mapped, without access).
+  virtual void set_access(DevicePtr va, std::size_t bytes) {
+    (void)va;
+    (void)bytes;
+  }
+
   /// Unmaps [va, va+bytes). The caller guarantees no pending device work uses the range through
   /// these addresses. The physical memory stays alive until released. The core unmaps any
   /// granule-aligned sub-range of what it mapped, so a backend over cuMemMap (whose cuMemUnmap

@@ -55,6 +55,7 @@ struct Stats {
   // cuarena's own counters (cumulative unless noted).
   std::int64_t map_calls = 0;          ///< backend map() calls (each maps a run of granules)
   std::int64_t unmap_calls = 0;        ///< backend unmap() calls
+  std::int64_t access_calls = 0;       ///< backend set_access() calls (one may cover many maps)
   std::int64_t granules_mapped = 0;    ///< virtual granules mapped
   std::int64_t granules_unmapped = 0;  ///< virtual granules unmapped
   std::int64_t granules_stolen = 0;    ///< cached granules of shared blocks unmapped for reuse

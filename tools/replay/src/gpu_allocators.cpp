@@ -42,6 +42,7 @@ class CuarenaGpu final : public GpuAllocator {
         {"driver_calls", std::int64_t(backend_->driver_calls())},
         {"map_calls", s.map_calls},
         {"unmap_calls", s.unmap_calls},
+        {"access_calls", s.access_calls},
         {"granules_mapped", s.granules_mapped},
         {"num_device_alloc", s.num_device_alloc},
         {"granules_stolen", s.granules_stolen},

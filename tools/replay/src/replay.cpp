@@ -260,6 +260,7 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
                   {"granules_reactivated", s.granules_reactivated},
                   {"map_calls", s.map_calls},
                   {"unmap_calls", s.unmap_calls},
+                  {"access_calls", s.access_calls},
                   {"granules_mapped", s.granules_mapped},
                   {"granules_unmapped", s.granules_unmapped},
                   {"stitched_ranges", s.stitched_ranges},

@@ -154,6 +154,24 @@ void CudaVmmBackend::release_physical(PhysHandle chunk) {
 }
 
 void CudaVmmBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) {
+  map_runs(va, bytes, chunk, offset, true);
+}
+
+void CudaVmmBackend::map_no_access(DevicePtr va, std::size_t bytes, PhysHandle chunk,
+                                   std::size_t offset) {
+  map_runs(va, bytes, chunk, offset, false);
+}
+
+void CudaVmmBackend::set_access(DevicePtr va, std::size_t bytes) {
+  Impl& m = *impl_;
+  const CUresult r =
+      m.log("cuMemSetAccess", [&] { return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1); });
+  if (r != CUDA_SUCCESS)
+    throw BackendError(m.api.describe(r, "cuMemSetAccess(" + std::to_string(bytes) + " bytes)"));
+}
+
+void CudaVmmBackend::map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk,
+                              std::size_t offset, bool access) {
   Impl& m = *impl_;
   const std::size_t g = m.granule;
   const Impl::Chunk& c = m.chunks.at(chunk);
@@ -163,13 +181,15 @@ void CudaVmmBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std:
       throw BackendError("cuarena: map of part of a whole chunk (the driver maps handles whole)");
     cuda::check(m.log("cuMemMap", [&] { return m.api.mem_map(CUdeviceptr(va), bytes, 0, handles.front(), 0); }),
                 "cuMemMap");
+    m.whole_maps.emplace(va, bytes);
+    if (!access) return;
     const CUresult r =
         m.log("cuMemSetAccess", [&] { return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1); });
     if (r != CUDA_SUCCESS) {
       m.api.mem_unmap(CUdeviceptr(va), bytes);
+      m.whole_maps.erase(va);
       throw BackendError(m.api.describe(r, "cuMemSetAccess(" + std::to_string(bytes) + " bytes)"));
     }
-    m.whole_maps.emplace(va, bytes);
     return;
   }
   std::size_t done = 0;
@@ -182,6 +202,7 @@ void CudaVmmBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std:
       throw BackendError(m.api.describe(r, "cuMemMap(" + std::to_string(g) + " bytes)"));
     }
   }
+  if (!access) return;
   const CUresult r =
       m.log("cuMemSetAccess", [&] { return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1); });
   if (r != CUDA_SUCCESS) {

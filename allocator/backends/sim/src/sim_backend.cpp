@@ -42,7 +42,7 @@ DevicePtr SimBackend::reserve(std::size_t bytes) {
   const DevicePtr base = next_va_;
   next_va_ += bytes + g;  // a guard granule between ranges catches overruns
   ranges_.push_back({base, bytes, std::vector<PhysHandle>(bytes / g, 0),
-                     std::vector<std::size_t>(bytes / g, 0)});
+                     std::vector<std::size_t>(bytes / g, 0), std::vector<bool>(bytes / g, false)});
   return base;
 }
 
@@ -104,6 +104,37 @@ void SimBackend::release_physical(PhysHandle chunk) {
 }
 
 void SimBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) {
+  map_granules(va, bytes, chunk, offset, true);
+}
+
+void SimBackend::map_no_access(DevicePtr va, std::size_t bytes, PhysHandle chunk,
+                               std::size_t offset) {
+  map_granules(va, bytes, chunk, offset, false);
+}
+
+bool SimBackend::one_mapping(const Range& r, std::size_t i) const {
+  const std::size_t g = options_.granularity;
+  return r.mapped[i] != 0 && chunks_.at(r.mapped[i]).whole && r.mapped[i + 1] == r.mapped[i] &&
+         r.offset[i + 1] == r.offset[i] + g;
+}
+
+void SimBackend::set_access(DevicePtr va, std::size_t bytes) {
+  require_mapping("set_access");
+  Range& r = range_of(va, bytes, "set_access");
+  const std::size_t g = options_.granularity;
+  const std::size_t first = (va - r.base) / g, count = bytes / g;
+  for (std::size_t i = first; i < first + count; ++i) {
+    if (r.mapped[i] == 0) misuse("set_access over a granule not mapped");
+  }
+  if ((first > 0 && one_mapping(r, first - 1)) ||
+      (first + count < r.mapped.size() && one_mapping(r, first + count - 1)))
+    misuse("set_access over part of a whole chunk's mapping");
+  for (std::size_t i = first; i < first + count; ++i) r.access[i] = true;
+  ++set_access_calls_;
+}
+
+void SimBackend::map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk,
+                              std::size_t offset, bool access) {
   require_mapping("map");
   Range& r = range_of(va, bytes, "map");
   auto it = chunks_.find(chunk);
@@ -119,6 +150,7 @@ void SimBackend::map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::siz
   for (std::size_t i = first; i < first + count; ++i) {
     r.mapped[i] = chunk;
     r.offset[i] = offset + (i - first) * g;
+    r.access[i] = access;
   }
   it->second.mappings += count;
   ++map_calls_;
@@ -133,18 +165,14 @@ void SimBackend::unmap(DevicePtr va, std::size_t bytes) {
     if (r.mapped[i] == 0) misuse("unmap of a granule not mapped");
   }
   // A whole chunk's mapping must be unmapped entirely: its granules may not straddle the ends.
-  // (Granules i and i+1 are one mapping when they hold consecutive granules of one whole chunk;
-  // the same chunk may also be mapped again right next to itself.)
-  auto one_mapping = [&](std::size_t i) {
-    return r.mapped[i] != 0 && chunks_.at(r.mapped[i]).whole && r.mapped[i + 1] == r.mapped[i] &&
-           r.offset[i + 1] == r.offset[i] + g;
-  };
-  if ((first > 0 && one_mapping(first - 1)) ||
-      (first + count < r.mapped.size() && one_mapping(first + count - 1)))
+  // (The same chunk may also be mapped again right next to itself.)
+  if ((first > 0 && one_mapping(r, first - 1)) ||
+      (first + count < r.mapped.size() && one_mapping(r, first + count - 1)))
     misuse("unmap of part of a whole chunk's mapping");
   for (std::size_t i = first; i < first + count; ++i) {
     --chunks_.at(r.mapped[i]).mappings;
     r.mapped[i] = 0;
+    r.access[i] = false;
   }
   ++unmap_calls_;
 }
@@ -160,6 +188,7 @@ DevicePtr SimBackend::allocate_segment(std::size_t bytes, StreamId) {
   Range& r = ranges_.back();
   r.segment = true;
   std::fill(r.mapped.begin(), r.mapped.end(), h);
+  r.access.assign(r.access.size(), true);
   physical_bytes_ += bytes;
   peak_physical_bytes_ = std::max(peak_physical_bytes_, physical_bytes_);
   return base;
@@ -191,7 +220,7 @@ bool SimBackend::is_mapped(DevicePtr addr, std::size_t bytes) const {
   if (r == nullptr || addr + bytes > r->base + r->size) return false;
   const std::size_t g = options_.granularity;
   for (std::size_t i = (addr - r->base) / g; i <= (addr + bytes - 1 - r->base) / g; ++i) {
-    if (r->mapped[i] == 0) return false;
+    if (r->mapped[i] == 0 || !r->access[i]) return false;
   }
   return true;
 }

@@ -38,6 +38,10 @@ class CudaVmmBackend final : public CudaBackend {
   PhysHandle create_whole_physical(std::size_t bytes) override;
   void release_physical(PhysHandle chunk) override;
   void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) override;
+  void map_no_access(DevicePtr va, std::size_t bytes, PhysHandle chunk,
+                     std::size_t offset) override;
+  /// One cuMemSetAccess over the range (it may span several cuMemMap mappings).
+  void set_access(DevicePtr va, std::size_t bytes) override;
   void unmap(DevicePtr va, std::size_t bytes) override;
   EventId record_event(StreamId stream) override;
   bool event_completed(EventId event) override;
@@ -50,6 +54,8 @@ class CudaVmmBackend final : public CudaBackend {
   std::map<std::string, double> driver_us() const override;
 
  private:
+  void map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset,
+                bool access);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -11,8 +11,9 @@
 // are misuse.
 //
 // It also checks its caller: mapping over a mapped granule, unmapping an unmapped one, releasing
-// a chunk still mapped, mapping or unmapping part of a whole chunk, or using an unknown event throws std::logic_error, so a policy bug
-// cannot pass silently.
+// a chunk still mapped, mapping or unmapping part of a whole chunk, granting access to a range
+// not wholly mapped or cutting through a mapping, or using an unknown event throws
+// std::logic_error, so a policy bug cannot pass silently.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +44,9 @@ class SimBackend final : public DeviceBackend {
   PhysHandle create_whole_physical(std::size_t bytes) override;
   void release_physical(PhysHandle chunk) override;
   void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) override;
+  void map_no_access(DevicePtr va, std::size_t bytes, PhysHandle chunk,
+                     std::size_t offset) override;
+  void set_access(DevicePtr va, std::size_t bytes) override;
   void unmap(DevicePtr va, std::size_t bytes) override;
   EventId record_event(StreamId stream) override;
   bool event_completed(EventId event) override;
@@ -61,7 +65,7 @@ class SimBackend final : public DeviceBackend {
   /// Physical memory created and not released, in bytes, and its peak.
   std::size_t physical_bytes() const { return physical_bytes_; }
   std::size_t peak_physical_bytes() const { return peak_physical_bytes_; }
-  /// True when every granule overlapping [addr, addr+bytes) is mapped.
+  /// True when every granule overlapping [addr, addr+bytes) is mapped and accessible.
   bool is_mapped(DevicePtr addr, std::size_t bytes) const;
   /// The physical memory behind the byte at `addr`: its chunk (0 when unmapped) and the byte's
   /// offset in that chunk. Lets tests check that live blocks never share physical bytes.
@@ -72,6 +76,7 @@ class SimBackend final : public DeviceBackend {
   Backing backing(DevicePtr addr) const;
   std::size_t map_calls() const { return map_calls_; }
   std::size_t unmap_calls() const { return unmap_calls_; }
+  std::size_t set_access_calls() const { return set_access_calls_; }
   std::size_t live_events() const { return events_.size(); }
   std::size_t live_chunks() const { return chunks_.size(); }
   /// Live chunks made by create_whole_physical().
@@ -83,6 +88,7 @@ class SimBackend final : public DeviceBackend {
     std::size_t size;
     std::vector<PhysHandle> mapped;   // per granule: the chunk mapped there, 0 if none
     std::vector<std::size_t> offset;  // per granule: its byte offset in that chunk
+    std::vector<bool> access;         // per granule: mapped with access granted
     bool segment = false;            // from allocate_segment(): backed by its own chunk
   };
   struct Chunk {
@@ -91,6 +97,10 @@ class SimBackend final : public DeviceBackend {
     bool whole = false;        // mapped and unmapped only as a whole
   };
   Range& range_of(DevicePtr va, std::size_t bytes, const char* op);
+  void map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset,
+                    bool access);
+  /// True when granules i and i+1 of `r` are one mapping (consecutive granules of a whole chunk).
+  bool one_mapping(const Range& r, std::size_t i) const;
   DevicePtr reserve(std::size_t bytes);
   void require_mapping(const char* op) const;
   const Range* find_range(DevicePtr va) const;
@@ -104,6 +114,7 @@ class SimBackend final : public DeviceBackend {
   std::size_t peak_physical_bytes_ = 0;
   std::size_t map_calls_ = 0;
   std::size_t unmap_calls_ = 0;
+  std::size_t set_access_calls_ = 0;
   std::size_t trims_ = 0;
   std::uint64_t now_ = 0;
   EventId next_event_ = 1;
