@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <vector>
 #include <initializer_list>
 
 #include "driver_api.hpp"
@@ -73,6 +74,34 @@ int main() {
     std::printf("%9d %10.1f %8.1f %10.1f %8.1f %9.1f %12.1f %10.1f\n", n, t_create, t_map, t_set,
                 t_unmap, t_rel, t_malloc, t_free);
   }
+  // Can one cuMemUnmap (or cuMemSetAccess) span several mappings? 8 single-granule handles,
+  // each mapped with its own cuMemMap side by side.
+  constexpr int kRun = 8;
+  std::vector<CUmemGenericAllocationHandle> hs(kRun);
+  for (auto& h : hs) cuarena::cuda::check(api.mem_create(&h, g, &prop, 0), "cuMemCreate");
+  auto map_all = [&] {
+    for (int i = 0; i < kRun; ++i)
+      cuarena::cuda::check(api.mem_map(va + i * g, g, 0, hs[i], 0), "cuMemMap");
+  };
+  map_all();
+  auto t = Clock::now();
+  const CUresult set_one = api.mem_set_access(va, kRun * g, &access, 1);
+  const double t_set_one = us_since(t);
+  t = Clock::now();
+  for (int i = 0; i < kRun; ++i) cuarena::cuda::check(api.mem_unmap(va + i * g, g), "cuMemUnmap");
+  const double t_unmap_each = us_since(t);
+  map_all();
+  t = Clock::now();
+  const CUresult unmap_one = api.mem_unmap(va, kRun * g);
+  const double t_unmap_one = us_since(t);
+  if (unmap_one != CUDA_SUCCESS) {
+    for (int i = 0; i < kRun; ++i) api.mem_unmap(va + i * g, g);
+  }
+  std::printf("%d granules mapped one by one: one cuMemSetAccess over all: %s (%.1f us); "
+              "cuMemUnmap each: %.1f us in all; one cuMemUnmap over all: %s (%.1f us)\n",
+              kRun, set_one == CUDA_SUCCESS ? "ok" : "refused", t_set_one, t_unmap_each,
+              unmap_one == CUDA_SUCCESS ? "ok" : "refused", t_unmap_one);
+  for (auto h : hs) api.mem_release(h);
   api.address_free(va, 2048 * g);
   return 0;
 }
