@@ -92,6 +92,39 @@ TEST(CudaVmmBackend, OneAccessGrantCoversSeveralRunsAndTheMappingsBetween) {
   b.release_address(va, 8 * g);
 }
 
+// CudaVmmBackend::unmap issues one cuMemUnmap over a run of several mappings (single granules
+// and a whole chunk): every one of them must really be gone, so mapping there again succeeds,
+// and the memory behind them is intact and mappable elsewhere.
+TEST(CudaVmmBackend, OneUnmapRemovesEveryMappingOfTheRun) {
+  REQUIRE_GPU();
+  CudaVmmBackend b(0);
+  const std::size_t g = b.granularity();
+  const DevicePtr va = b.reserve_address(16 * g);
+  const PhysHandle singles = b.create_physical(3 * g);
+  const PhysHandle whole = b.create_whole_physical(2 * g);
+  b.map(va, g, singles, 0);
+  b.map(va + g, 2 * g, whole, 0);
+  b.map(va + 3 * g, 2 * g, singles, g);
+  std::vector<unsigned char> host(5 * g), back(5 * g, 0);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<unsigned char>(i / 8192 + 1);
+  ok(cudaMemcpy(reinterpret_cast<void*>(va), host.data(), host.size(), cudaMemcpyHostToDevice));
+  ok(cudaDeviceSynchronize());
+  EXPECT_THROW(b.unmap(va, 2 * g), BackendError) << "must not cut the whole chunk's mapping";
+  b.unmap(va, 5 * g);
+  // Everything is unmapped: the same physical memory maps again, in another order, at the same
+  // addresses (a granule still mapped there would make cuMemMap fail).
+  b.map(va, 2 * g, whole, 0);
+  b.map(va + 2 * g, 3 * g, singles, 0);
+  ok(cudaMemcpy(back.data(), reinterpret_cast<void*>(va), back.size(), cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + 2 * g, host.begin() + g)) << "whole chunk";
+  EXPECT_TRUE(std::equal(back.begin() + 2 * g, back.begin() + 3 * g, host.begin())) << "granule 0";
+  EXPECT_TRUE(std::equal(back.begin() + 3 * g, back.end(), host.begin() + 3 * g)) << "granules 1-2";
+  b.unmap(va, 5 * g);
+  b.release_physical(singles);
+  b.release_physical(whole);
+  b.release_address(va, 16 * g);
+}
+
 TEST(CudaVmmBackend, EventsFollowTheStream) {
   REQUIRE_GPU();
   CudaVmmBackend b(0);

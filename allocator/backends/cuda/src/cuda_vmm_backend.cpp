@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -36,7 +37,7 @@ struct CudaVmmBackend::Impl {
     std::size_t bytes = 0;
   };
   std::unordered_map<PhysHandle, Chunk> chunks;
-  std::unordered_map<DevicePtr, std::size_t> whole_maps;  // address -> bytes, whole mappings
+  std::map<DevicePtr, std::size_t> whole_maps;  // address -> bytes, whole mappings
   PhysHandle next_chunk = 1;
 
   CUmemGenericAllocationHandle create(std::size_t bytes, CUresult& r) {
@@ -213,18 +214,20 @@ void CudaVmmBackend::map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk,
 
 void CudaVmmBackend::unmap(DevicePtr va, std::size_t bytes) {
   Impl& m = *impl_;
-  // cuMemUnmap takes whole mappings: one call per whole chunk, one per granule otherwise.
+  // One cuMemUnmap may span several whole mappings (measured on the H200, driver 580: 8
+  // granules mapped one by one unmap in 2.5 us with one call, 117 us with eight), but must not
+  // cut one: check that no whole chunk's mapping sticks out, then unmap the range at once.
   for (std::size_t done = 0; done < bytes;) {
-    const DevicePtr at = va + done;
     std::size_t len = m.granule;
-    if (auto it = m.whole_maps.find(at); it != m.whole_maps.end()) {
+    if (auto it = m.whole_maps.find(va + done); it != m.whole_maps.end()) {
       len = it->second;
       if (done + len > bytes) throw BackendError("cuarena: unmap of part of a whole chunk's mapping");
-      m.whole_maps.erase(it);
     }
-    cuda::check(m.log("cuMemUnmap", [&] { return m.api.mem_unmap(CUdeviceptr(at), len); }), "cuMemUnmap");
     done += len;
   }
+  cuda::check(m.log("cuMemUnmap", [&] { return m.api.mem_unmap(CUdeviceptr(va), bytes); }), "cuMemUnmap");
+  for (auto it = m.whole_maps.lower_bound(va); it != m.whole_maps.end() && it->first < va + bytes;)
+    it = m.whole_maps.erase(it);
 }
 
 EventId CudaVmmBackend::record_event(StreamId stream) { return impl_->events.record(stream); }
