@@ -30,9 +30,14 @@ TARGET = {"p50_alloc_free": 0.5, "alloc_p99": 1.0, "free_p99": 1.0, "replay": 1.
 def load(path):
     try:
         with open(path) as f:
-            results = json.load(f)["results"]
-    except (OSError, ValueError, KeyError) as e:
-        sys.exit(f"speed_summary: cannot read {path}: {e}")
+            data = json.load(f)
+    except OSError as e:
+        sys.exit(f"speed_summary: cannot read {path}: {e.strerror}")
+    except ValueError as e:
+        sys.exit(f"speed_summary: {path} is not JSON: {e}")
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list):
+        sys.exit(f"speed_summary: {path} has no 'results' list (not `cuarena replay --json` output)")
     rows = {}
     for r in results:
         if r.get("backend") == "cuda" and r["allocator"] in ("cuarena", "torch-native"):

@@ -59,3 +59,11 @@ def test_unreadable_file_is_named(tmp_path):
     res = run(path)
     assert res.returncode != 0
     assert "broken.json" in res.stderr
+
+
+def test_json_without_results_is_named(tmp_path):
+    path = tmp_path / "empty.json"
+    path.write_text("{}")
+    res = run(path)
+    assert res.returncode != 0
+    assert "empty.json has no 'results' list" in res.stderr
