@@ -325,26 +325,45 @@ class Allocator::Impl {
 
   /// Returns every block parked in a stream cache to its slab or the pool (their statistics
   /// were counted at park time). Caller holds mu_.
-  void drain_caches() {
-    if (!caches_.any()) return;
-    caches_.for_each([&](StreamCache& c) { drain_cache(c); });
-    stats_.stream_cached_bytes = 0;
+  /// Returns true when any block was drained.
+  bool drain_caches() {
+    if (!caches_.any()) return false;
+    drained_.clear();
+    deltas_.clear();
+    caches_.for_each([&](StreamCache& c) { c.drain(drained_, deltas_); });
+    return return_drained();
   }
   void drain_cache(StreamCache& c) {
     drained_.clear();
-    c.drain(drained_, stats_);
+    deltas_.clear();
+    c.drain(drained_, deltas_);
+    return_drained();
+  }
+  /// Applies deltas_ (fold order) and returns drained_ to the slabs and the pool.
+  bool return_drained() {
+    apply_deltas();
     for (const CachedBlock& b : drained_) {
       if (b.slab) slabs_.deallocate(b.slab, b.ptr);
       else pool_.deallocate(b.block);
     }
+    fold_caches();  // stream_cached_bytes for the caches left
+    return !drained_.empty();
   }
 
   /// Folds the statistics changes of the fast path into stats_. Caller holds mu_.
   void fold_caches() const {
     if (!caches_.any()) return;
     std::size_t bytes = 0;
-    caches_.for_each([&](StreamCache& c) { bytes += c.fold(stats_); });
+    deltas_.clear();
+    caches_.for_each([&](StreamCache& c) { bytes += c.take_delta(deltas_); });
+    apply_deltas();
     stats_.stream_cached_bytes = std::int64_t(bytes);
+  }
+  /// Every cache's decreases before any increase: a peak is never over-read.
+  void apply_deltas() const {
+    for (const detail::CacheDelta& d : deltas_) d.apply_decreases(stats_);
+    for (const detail::CacheDelta& d : deltas_) d.apply_increases(stats_);
+    deltas_.clear();
   }
 
   void finish_free(DevicePtr ptr, const LiveBlock& rec) {
@@ -387,9 +406,12 @@ class Allocator::Impl {
   /// stream's free blocks may be reused or unmapped. (Empty slabs are never cached.)
   void reclaim() {
     ++stats_.num_alloc_retries;
-    drain_caches();
-    process_pending(true);
-    pool_.synchronize();
+    // Frees of other threads park while this waits: a second round gives those back too.
+    for (int round = 0; round < 2; ++round) {
+      if (!drain_caches() && round == 1) break;
+      process_pending(true);
+      pool_.synchronize();
+    }
     // A segment backend cannot steal: give whole free segments back so a new one may fit.
     if (pool_.segment_mode()) pool_.release_cached();
   }
@@ -434,7 +456,8 @@ class Allocator::Impl {
   detail::SlabArena slabs_;
   mutable detail::LiveTable live_;
   detail::StreamCaches caches_;
-  std::vector<CachedBlock> drained_;  // drain_cache()'s scratch, under mu_
+  std::vector<CachedBlock> drained_;  // drain scratch, under mu_
+  mutable std::vector<detail::CacheDelta> deltas_;  // fold scratch, under mu_
   std::vector<PendingFree> pending_;
 };
 

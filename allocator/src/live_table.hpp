@@ -138,7 +138,7 @@ class LiveTable {
     // pointers, since a Fibonacci product's low bits depend only on the key's low bits).
     std::size_t home(std::uint64_t h) const { return std::size_t(h >> 24) & mask(); }
     Slot* find_slot(DevicePtr key, std::uint64_t h) {
-      if (slots_.empty()) return nullptr;
+      if (slots_.empty() || key <= kErased) return nullptr;  // the markers are never live
       for (std::size_t i = home(h);; i = (i + 1) & mask()) {
         Slot& slot = slots_[i];
         if (slot.key == key) return &slot;

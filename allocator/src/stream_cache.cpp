@@ -2,28 +2,31 @@
 
 namespace cuarena::detail {
 
-void CacheDelta::fold_into(Stats& stats) {
+void CacheDelta::apply_decreases(Stats& stats) const {
   for (std::size_t k = 0; k < 2; ++k) {
-    const int pool = int(k == 0 ? Pool::kSmall : Pool::kLarge);
-    for (int p : {int(Pool::kAll), pool}) {
-      if (parked[k] != 0) {
-        stats.allocation[p].decrease(parked[k]);
-        stats.active[p].decrease(parked[k]);
-        stats.allocated_bytes[p].decrease(parked_bytes[k]);
-        stats.active_bytes[p].decrease(parked_bytes[k]);
-        stats.requested_bytes[p].decrease(parked_requested[k]);
-      }
-      if (taken[k] != 0) {
-        stats.allocation[p].increase(taken[k]);
-        stats.active[p].increase(taken[k]);
-        stats.allocated_bytes[p].increase(taken_bytes[k]);
-        stats.active_bytes[p].increase(taken_bytes[k]);
-        stats.requested_bytes[p].increase(taken_requested[k]);
-      }
+    if (parked[k] == 0) continue;
+    for (int p : {int(Pool::kAll), int(k == 0 ? Pool::kSmall : Pool::kLarge)}) {
+      stats.allocation[p].decrease(parked[k]);
+      stats.active[p].decrease(parked[k]);
+      stats.allocated_bytes[p].decrease(parked_bytes[k]);
+      stats.active_bytes[p].decrease(parked_bytes[k]);
+      stats.requested_bytes[p].decrease(parked_requested[k]);
+    }
+  }
+}
+
+void CacheDelta::apply_increases(Stats& stats) const {
+  for (std::size_t k = 0; k < 2; ++k) {
+    if (taken[k] == 0) continue;
+    for (int p : {int(Pool::kAll), int(k == 0 ? Pool::kSmall : Pool::kLarge)}) {
+      stats.allocation[p].increase(taken[k]);
+      stats.active[p].increase(taken[k]);
+      stats.allocated_bytes[p].increase(taken_bytes[k]);
+      stats.active_bytes[p].increase(taken_bytes[k]);
+      stats.requested_bytes[p].increase(taken_requested[k]);
     }
   }
   stats.stream_cache_hits += hits;
-  *this = CacheDelta{};
 }
 
 bool StreamCache::take(std::size_t size, bool small, std::size_t requested, CachedBlock& out) {
@@ -58,19 +61,21 @@ bool StreamCache::park(const CachedBlock& b, std::size_t requested, std::size_t 
   return true;
 }
 
-void StreamCache::drain(std::vector<CachedBlock>& out, Stats& stats) {
+void StreamCache::drain(std::vector<CachedBlock>& out, std::vector<CacheDelta>& deltas) {
   std::lock_guard lock(mu_);
   out.insert(out.end(), blocks_.begin(), blocks_.end());
   blocks_.clear();
   count_.store(0, std::memory_order_relaxed);
   parking_.store(false, std::memory_order_relaxed);
   bytes_ = 0;
-  delta_.fold_into(stats);
+  deltas.push_back(delta_);
+  delta_ = CacheDelta{};
 }
 
-std::size_t StreamCache::fold(Stats& stats) {
+std::size_t StreamCache::take_delta(std::vector<CacheDelta>& deltas) {
   std::lock_guard lock(mu_);
-  delta_.fold_into(stats);
+  deltas.push_back(delta_);
+  delta_ = CacheDelta{};
   return bytes_;
 }
 

@@ -48,8 +48,12 @@ struct CacheDelta {
   std::array<std::int64_t, 2> taken{}, taken_bytes{}, taken_requested{};
   std::array<std::int64_t, 2> parked{}, parked_bytes{}, parked_requested{};
   std::int64_t hits = 0;
-  /// Applies the changes to `stats` (decreases first: a peak is never over-read) and clears.
-  void fold_into(Stats& stats);
+  /// Applies the parks (decreases) to `stats`. A reader applies every cache's decreases before
+  /// any increase, so a peak is never over-read (it may under-read: a peak reached and left
+  /// between two folds is not seen).
+  void apply_decreases(Stats& stats) const;
+  /// Applies the takes (increases) and the hit count to `stats`.
+  void apply_increases(Stats& stats) const;
 };
 
 class alignas(64) StreamCache {  // own cache lines: each is used by its stream's thread
@@ -65,11 +69,12 @@ class alignas(64) StreamCache {  // own cache lines: each is used by its stream'
   /// Parks a freed block that asked for `requested` bytes; false, changing nothing, when it
   /// would pass `cap` bytes or kMaxBlocks blocks.
   bool park(const CachedBlock& b, std::size_t requested, std::size_t cap);
-  /// Moves every cached block into `out` (to return them to the pool), folds the statistics
-  /// into `stats`, and stops parking. Caller holds the device lock.
-  void drain(std::vector<CachedBlock>& out, Stats& stats);
-  /// Folds the statistics into `stats`; returns the bytes cached. Caller holds the device lock.
-  std::size_t fold(Stats& stats);
+  /// Moves every cached block into `out` (to return them to the pool), the statistics changes
+  /// into `deltas`, and stops parking. Caller holds the device lock.
+  void drain(std::vector<CachedBlock>& out, std::vector<CacheDelta>& deltas);
+  /// Moves the statistics changes into `deltas`; returns the bytes cached. Caller holds the
+  /// device lock.
+  std::size_t take_delta(std::vector<CacheDelta>& deltas);
   /// Calls fn(const CachedBlock&) on every cached block, under the cache's lock.
   template <class Fn>
   void for_each_block(Fn&& fn) {

@@ -60,3 +60,19 @@ TEST(LiveTable, AgreesWithAMapThroughGrowthAndErasure) {
   EXPECT_EQ(table.size(), 0u);
   EXPECT_FALSE(table.update(DevicePtr{1} << 40, [](LiveBlock&) {}));
 }
+
+// 0 and 1 mark empty and erased slots inside a stripe: they must never be found as keys, even
+// when a stripe has empty and erased slots in their probe runs.
+TEST(LiveTable, TheSlotMarkersAreNeverKeys) {
+  LiveTable table;
+  std::vector<DevicePtr> keys;
+  for (DevicePtr k = DevicePtr{1} << 40; keys.size() < 4096; k += 512) keys.push_back(k);
+  for (DevicePtr k : keys) table.insert(k, LiveBlock{});
+  for (std::size_t i = 0; i < keys.size(); i += 2) ASSERT_TRUE(table.take(keys[i]));  // erased
+  for (DevicePtr marker : {DevicePtr{0}, DevicePtr{1}}) {
+    EXPECT_FALSE(table.contains(marker));
+    EXPECT_FALSE(table.take(marker).has_value());
+    EXPECT_FALSE(table.update(marker, [](LiveBlock&) {}));
+  }
+  EXPECT_EQ(table.size(), keys.size() / 2);
+}

@@ -259,6 +259,40 @@ TEST(StreamCache, DoubleFreeOfAParkedBlockIsRejected) {
   EXPECT_NO_THROW(a.check_invariants());
 }
 
+// Pointers that are the live table's slot markers are rejected like any foreign pointer.
+TEST(StreamCache, NullAndOneAreNotLive) {
+  SimBackend sim(sim_options(1 * GiB, 1));
+  Allocator a(sim, config());
+  std::vector<void*> ps;
+  for (int i = 0; i < 3000; ++i) ps.push_back(a.allocate(512, 1));  // every stripe in use
+  for (std::size_t i = 0; i < ps.size(); i += 2) a.deallocate(ps[i]);  // erased slots
+  EXPECT_THROW(a.record_stream(nullptr, 3), InvalidPointerError);
+  EXPECT_THROW(a.record_stream(reinterpret_cast<void*>(1), 3), InvalidPointerError);
+  EXPECT_THROW(a.deallocate(reinterpret_cast<void*>(1)), InvalidPointerError);
+  EXPECT_NO_THROW(a.check_invariants());
+  for (std::size_t i = 1; i < ps.size(); i += 2) a.deallocate(ps[i]);
+}
+
+// The fast path's statistics are folded decreases first, over every cache and pool, so a peak
+// never reads higher than any value the statistics really had.
+TEST(StreamCache, FoldedPeaksNeverOverRead) {
+  SimBackend sim(sim_options(1 * GiB, 1));
+  GatedBackend gate(sim);
+  Allocator a(gate, config());
+  void* large = a.allocate(4 * MiB, 1);
+  void* small = a.allocate(64 * KiB, 1);
+  ASSERT_NO_FATAL_FAILURE(free_while_locked(a, gate, small));  // stream 1 now parks
+  a.reset_peak_stats();
+  const std::int64_t before = a.stats().allocated_bytes[int(Pool::kAll)].current;
+  a.deallocate(large);                     // parked: -4 MiB
+  void* small2 = a.allocate(64 * KiB, 1);  // taken from the cache: +64 KiB
+  const Stats s = a.stats();
+  EXPECT_EQ(s.stream_cache_hits, 1);
+  EXPECT_EQ(s.allocated_bytes[int(Pool::kAll)].peak, before);
+  EXPECT_EQ(s.allocation[int(Pool::kAll)].peak, 1);
+  a.deallocate(small2);
+}
+
 // Threads on their own streams, random sizes, frees of their own blocks, record_stream onto
 // other streams, and a thread calling process_events() and stats(): no two live blocks ever
 // overlap (checked as blocks are handed out), and everything adds up afterwards. Run under

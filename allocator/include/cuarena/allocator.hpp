@@ -12,7 +12,8 @@
 // of those streams complete. No call ever blocks the host on the device, except the last-resort
 // synchronisation before an OutOfMemoryError.
 //
-// Thread semantics: every member function is safe to call concurrently. One mutex per Allocator
+// Thread semantics: every member function is safe to call concurrently (check_invariants() and
+// live_blocks() then see a snapshot that calls in flight may make inconsistent). One mutex per Allocator
 // (the device lock) guards the pool; when a free finds it held by another thread, the block is
 // parked in its stream's cache (config stream_cache_bytes) and the next allocation of the same
 // rounded size on that stream takes it back without the lock, so threads working on their own
@@ -116,7 +117,9 @@ class Allocator {
   MemoryBreakdown memory_breakdown() const;
 
   /// Verifies every internal invariant (block tiling, index membership, mapping, statistics);
-  /// throws std::logic_error naming the first violation. O(blocks + granules): for tests.
+  /// throws std::logic_error naming the first violation. O(blocks + granules): for tests. Call
+  /// it while no other thread allocates or frees: the live table and the stream caches change
+  /// outside the device lock, so a call in flight can look like a violation.
   void check_invariants() const;
 
  private:
