@@ -13,10 +13,10 @@ using cuda::check_rt;
 using cuda::DeviceGuard;
 
 struct CudaSegmentBackend::Impl {
-  explicit Impl(int d) : device(d), events(d) {}
+  explicit Impl(int d) : device(d), events(d, log) {}
   int device;
   std::size_t capacity = 0;
-  cuda::CallLog log;
+  cuda::CallLog log;  // before events, which time into it
   cuda::EventPool events;
   cudaMemPool_t pool = nullptr;  // CudaAsyncBackend only
 };
@@ -49,11 +49,7 @@ CudaSegmentBackend::~CudaSegmentBackend() = default;
 std::size_t CudaSegmentBackend::capacity() const { return impl_->capacity; }
 int CudaSegmentBackend::device() const { return impl_->device; }
 std::size_t CudaSegmentBackend::driver_calls() const { return impl_->log.calls(); }
-std::map<std::string, double> CudaSegmentBackend::driver_us() const {
-  auto us = impl_->log.us();
-  for (const auto& [call, t] : impl_->events.us()) us[call] += t;
-  return us;
-}
+std::map<std::string, double> CudaSegmentBackend::driver_us() const { return impl_->log.us(); }
 
 EventId CudaSegmentBackend::record_event(StreamId stream) { return impl_->events.record(stream); }
 bool CudaSegmentBackend::event_completed(EventId event) { return impl_->events.completed(event); }

@@ -18,14 +18,14 @@ using cuda::check_rt;
 using cuda::DeviceGuard;
 
 struct CudaVmmBackend::Impl {
-  explicit Impl(int d) : device(d), events(d) {}
+  explicit Impl(int d) : device(d), events(d, log) {}
   const cuda::DriverApi& api = cuda::DriverApi::get();
   int device = 0;
+  cuda::CallLog log;  // before events, which time into it
   cuda::EventPool events;
   std::size_t granule = 0;
   std::size_t capacity = 0;
   std::size_t created = 0;  // physical bytes held
-  cuda::CallLog log;
   CUmemAllocationProp prop{};
   CUmemAccessDesc access{};
   // A chunk is one cuMemCreate handle per granule: cuMemMap maps only whole handles (offset 0,
@@ -85,11 +85,7 @@ std::size_t CudaVmmBackend::granularity() const { return impl_->granule; }
 std::size_t CudaVmmBackend::capacity() const { return impl_->capacity; }
 int CudaVmmBackend::device() const { return impl_->device; }
 std::size_t CudaVmmBackend::driver_calls() const { return impl_->log.calls(); }
-std::map<std::string, double> CudaVmmBackend::driver_us() const {
-  auto us = impl_->log.us();
-  for (const auto& [call, t] : impl_->events.us()) us[call] += t;
-  return us;
-}
+std::map<std::string, double> CudaVmmBackend::driver_us() const { return impl_->log.us(); }
 
 DevicePtr CudaVmmBackend::reserve_address(std::size_t bytes) {
   CUdeviceptr ptr = 0;

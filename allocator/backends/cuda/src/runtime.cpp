@@ -41,14 +41,14 @@ EventId EventPool::record(StreamId stream) {
     events_.push_back(e);
     id = events_.size();
   }
-  check_rt(log_("cudaEventRecord",
+  check_rt(log_.time("cudaEventRecord",
                 [&] { return cudaEventRecord(events_[id - 1], reinterpret_cast<cudaStream_t>(stream)); }),
            "cudaEventRecord");
   return id;
 }
 
 bool EventPool::completed(EventId event) {
-  const cudaError_t err = log_("cudaEventQuery", [&] { return cudaEventQuery(events_.at(event - 1)); });
+  const cudaError_t err = log_.time("cudaEventQuery", [&] { return cudaEventQuery(events_.at(event - 1)); });
   if (err == cudaErrorNotReady) return false;
   check_rt(err, "cudaEventQuery");
   return true;

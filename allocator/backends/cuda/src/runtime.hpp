@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuarena/types.hpp"
@@ -35,10 +36,16 @@ class CallLog {
   /// Runs f() (one driver call) as `call` (a string literal) and returns its result.
   template <class F>
   auto operator()(const char* call, F&& f) {
+    ++calls_;
+    return time(call, std::forward<F>(f));
+  }
+  /// Times f() as `call` without counting it among calls() (event records and queries are not
+  /// memory calls).
+  template <class F>
+  auto time(const char* call, F&& f) {
     const auto t0 = std::chrono::steady_clock::now();
     auto result = f();
     us_[call] += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    ++calls_;
     return result;
   }
   std::size_t calls() const { return calls_; }
@@ -50,10 +57,11 @@ class CallLog {
 };
 
 /// cudaEvent_t (timing disabled) behind EventIds, created on demand and reused. Ids are
-/// 1-based indexes. Not thread-safe: the owning backend is called under its allocator's lock.
+/// 1-based indexes. Records and queries are timed into the owning backend's CallLog. Not
+/// thread-safe: the owning backend is called under its allocator's lock.
 class EventPool {
  public:
-  explicit EventPool(int device) : device_(device) {}
+  EventPool(int device, CallLog& log) : device_(device), log_(log) {}
   ~EventPool();
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
@@ -63,12 +71,10 @@ class EventPool {
   bool completed(EventId event);
   void wait(EventId event);
   void release(EventId event) { free_.push_back(event); }
-  /// Host wall time in cudaEventRecord / cudaEventQuery, in microseconds.
-  std::map<std::string, double> us() const { return log_.us(); }
 
  private:
   int device_;
-  CallLog log_;
+  CallLog& log_;
   std::vector<cudaEvent_t> events_;
   std::vector<EventId> free_;
 };
