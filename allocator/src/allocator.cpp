@@ -120,14 +120,8 @@ class Allocator::Impl {
       }
       if (ptr == 0) throw out_of_memory(bytes, stream);
 
-      const int pool = int(small ? Pool::kSmall : Pool::kLarge);
-      for (int p : {int(Pool::kAll), pool}) {
-        stats_.allocation[p].increase(1);
-        stats_.active[p].increase(1);
-        stats_.allocated_bytes[p].increase(std::int64_t(rec.size));
-        stats_.active_bytes[p].increase(std::int64_t(rec.size));
-        stats_.requested_bytes[p].increase(std::int64_t(rec.requested));
-      }
+      detail::count_allocations(stats_, small ? Pool::kSmall : Pool::kLarge, 1,
+                                std::int64_t(rec.size), std::int64_t(rec.requested));
       sync_inactive();
     }
     live_.insert(ptr, std::move(rec));  // nobody can free ptr before it is returned
@@ -324,37 +318,34 @@ class Allocator::Impl {
   };
 
   /// Returns every block parked in a stream cache to its slab or the pool (their statistics
-  /// were counted at park time). Caller holds mu_.
-  /// Returns true when any block was drained.
+  /// were counted at park time); true when there was any. Caller holds mu_.
   bool drain_caches() {
     if (!caches_.any()) return false;
-    drained_.clear();
-    deltas_.clear();
     caches_.for_each([&](StreamCache& c) { c.drain(drained_, deltas_); });
     return return_drained();
   }
   void drain_cache(StreamCache& c) {
-    drained_.clear();
-    deltas_.clear();
     c.drain(drained_, deltas_);
     return_drained();
   }
-  /// Applies deltas_ (fold order) and returns drained_ to the slabs and the pool.
+  /// Applies deltas_ (fold order) and returns drained_ to the slabs and the pool, leaving both
+  /// empty.
   bool return_drained() {
     apply_deltas();
     for (const CachedBlock& b : drained_) {
       if (b.slab) slabs_.deallocate(b.slab, b.ptr);
       else pool_.deallocate(b.block);
     }
+    const bool any = !drained_.empty();
+    drained_.clear();
     fold_caches();  // stream_cached_bytes for the caches left
-    return !drained_.empty();
+    return any;
   }
 
   /// Folds the statistics changes of the fast path into stats_. Caller holds mu_.
   void fold_caches() const {
     if (!caches_.any()) return;
     std::size_t bytes = 0;
-    deltas_.clear();
     caches_.for_each([&](StreamCache& c) { bytes += c.take_delta(deltas_); });
     apply_deltas();
     stats_.stream_cached_bytes = std::int64_t(bytes);
@@ -456,8 +447,8 @@ class Allocator::Impl {
   detail::SlabArena slabs_;
   mutable detail::LiveTable live_;
   detail::StreamCaches caches_;
-  std::vector<CachedBlock> drained_;  // drain scratch, under mu_
-  mutable std::vector<detail::CacheDelta> deltas_;  // fold scratch, under mu_
+  std::vector<CachedBlock> drained_;  // drain scratch, under mu_; empty between calls
+  mutable std::vector<detail::CacheDelta> deltas_;  // fold scratch, under mu_; empty between calls
   std::vector<PendingFree> pending_;
 };
 

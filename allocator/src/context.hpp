@@ -2,12 +2,29 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <utility>
 
 #include "cuarena/config.hpp"
 #include "cuarena/device_backend.hpp"
 #include "cuarena/stats.hpp"
 
 namespace cuarena::detail {
+
+/// Counts `n` allocations (or, negative, frees) of `bytes` rounded and `requested` asked-for
+/// bytes, in `pool` and in all: allocation, active, allocated_bytes, active_bytes and
+/// requested_bytes together, as an allocation and a free that waits on no event move them.
+inline void count_allocations(Stats& stats, Pool pool, std::int64_t n, std::int64_t bytes,
+                              std::int64_t requested) {
+  for (int p : {int(Pool::kAll), int(pool)}) {
+    for (auto [stat, amount] : {std::pair{&stats.allocation[p], n}, {&stats.active[p], n},
+                                {&stats.allocated_bytes[p], bytes}, {&stats.active_bytes[p], bytes},
+                                {&stats.requested_bytes[p], requested}}) {
+      if (amount >= 0) stat->increase(amount);
+      else stat->decrease(-amount);
+    }
+  }
+}
 
 struct Context {
   DeviceBackend& backend;

@@ -1,30 +1,22 @@
 #include "stream_cache.hpp"
 
+#include "context.hpp"
+
 namespace cuarena::detail {
 
 void CacheDelta::apply_decreases(Stats& stats) const {
   for (std::size_t k = 0; k < 2; ++k) {
-    if (parked[k] == 0) continue;
-    for (int p : {int(Pool::kAll), int(k == 0 ? Pool::kSmall : Pool::kLarge)}) {
-      stats.allocation[p].decrease(parked[k]);
-      stats.active[p].decrease(parked[k]);
-      stats.allocated_bytes[p].decrease(parked_bytes[k]);
-      stats.active_bytes[p].decrease(parked_bytes[k]);
-      stats.requested_bytes[p].decrease(parked_requested[k]);
-    }
+    if (parked[k] != 0)
+      count_allocations(stats, k == 0 ? Pool::kSmall : Pool::kLarge, -parked[k], -parked_bytes[k],
+                        -parked_requested[k]);
   }
 }
 
 void CacheDelta::apply_increases(Stats& stats) const {
   for (std::size_t k = 0; k < 2; ++k) {
-    if (taken[k] == 0) continue;
-    for (int p : {int(Pool::kAll), int(k == 0 ? Pool::kSmall : Pool::kLarge)}) {
-      stats.allocation[p].increase(taken[k]);
-      stats.active[p].increase(taken[k]);
-      stats.allocated_bytes[p].increase(taken_bytes[k]);
-      stats.active_bytes[p].increase(taken_bytes[k]);
-      stats.requested_bytes[p].increase(taken_requested[k]);
-    }
+    if (taken[k] != 0)
+      count_allocations(stats, k == 0 ? Pool::kSmall : Pool::kLarge, taken[k], taken_bytes[k],
+                        taken_requested[k]);
   }
   stats.stream_cache_hits += hits;
 }
