@@ -118,18 +118,25 @@ bool SimBackend::one_mapping(const Range& r, std::size_t i) const {
          r.offset[i + 1] == r.offset[i] + g;
 }
 
-void SimBackend::set_access(DevicePtr va, std::size_t bytes) {
-  require_mapping("set_access");
-  Range& r = range_of(va, bytes, "set_access");
+SimBackend::Span SimBackend::whole_mappings(DevicePtr va, std::size_t bytes, const char* op) {
+  require_mapping(op);
+  Range& r = range_of(va, bytes, op);
   const std::size_t g = options_.granularity;
-  const std::size_t first = (va - r.base) / g, count = bytes / g;
-  for (std::size_t i = first; i < first + count; ++i) {
-    if (r.mapped[i] == 0) misuse("set_access over a granule not mapped");
+  const Span span{r, (va - r.base) / g, bytes / g};
+  for (std::size_t i = span.first; i < span.first + span.count; ++i) {
+    if (r.mapped[i] == 0) misuse(std::string(op) + " of a granule not mapped");
   }
-  if ((first > 0 && one_mapping(r, first - 1)) ||
-      (first + count < r.mapped.size() && one_mapping(r, first + count - 1)))
-    misuse("set_access over part of a whole chunk's mapping");
-  for (std::size_t i = first; i < first + count; ++i) r.access[i] = true;
+  // A whole chunk's mapping may not straddle either end. (The same chunk may also be mapped
+  // again right next to itself.)
+  if ((span.first > 0 && one_mapping(r, span.first - 1)) ||
+      (span.first + span.count < r.mapped.size() && one_mapping(r, span.first + span.count - 1)))
+    misuse(std::string(op) + " of part of a whole chunk's mapping");
+  return span;
+}
+
+void SimBackend::set_access(DevicePtr va, std::size_t bytes) {
+  const Span span = whole_mappings(va, bytes, "set_access");
+  for (std::size_t i = span.first; i < span.first + span.count; ++i) span.r.access[i] = true;
   ++set_access_calls_;
 }
 
@@ -157,22 +164,11 @@ void SimBackend::map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk,
 }
 
 void SimBackend::unmap(DevicePtr va, std::size_t bytes) {
-  require_mapping("unmap");
-  Range& r = range_of(va, bytes, "unmap");
-  const std::size_t g = options_.granularity;
-  const std::size_t first = (va - r.base) / g, count = bytes / g;
-  for (std::size_t i = first; i < first + count; ++i) {
-    if (r.mapped[i] == 0) misuse("unmap of a granule not mapped");
-  }
-  // A whole chunk's mapping must be unmapped entirely: its granules may not straddle the ends.
-  // (The same chunk may also be mapped again right next to itself.)
-  if ((first > 0 && one_mapping(r, first - 1)) ||
-      (first + count < r.mapped.size() && one_mapping(r, first + count - 1)))
-    misuse("unmap of part of a whole chunk's mapping");
-  for (std::size_t i = first; i < first + count; ++i) {
-    --chunks_.at(r.mapped[i]).mappings;
-    r.mapped[i] = 0;
-    r.access[i] = false;
+  const Span span = whole_mappings(va, bytes, "unmap");
+  for (std::size_t i = span.first; i < span.first + span.count; ++i) {
+    --chunks_.at(span.r.mapped[i]).mappings;
+    span.r.mapped[i] = 0;
+    span.r.access[i] = false;
   }
   ++unmap_calls_;
 }

@@ -101,6 +101,13 @@ class SimBackend final : public DeviceBackend {
                     bool access);
   /// True when granules i and i+1 of `r` are one mapping (consecutive granules of a whole chunk).
   bool one_mapping(const Range& r, std::size_t i) const;
+  struct Span {
+    Range& r;
+    std::size_t first, count;  ///< granules of r
+  };
+  /// The granules behind [va, va+bytes) for `op` (unmap, set_access), which must all be mapped
+  /// and cut no whole chunk's mapping; misuse otherwise.
+  Span whole_mappings(DevicePtr va, std::size_t bytes, const char* op);
   DevicePtr reserve(std::size_t bytes);
   void require_mapping(const char* op) const;
   const Range* find_range(DevicePtr va) const;
