@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "speed_summary.py"
 
 
@@ -45,25 +47,15 @@ def test_medians_and_targets(tmp_path):
     assert "replay: target met on 1 of 1" in res.stdout
 
 
-def test_missing_allocator_is_named(tmp_path):
+@pytest.mark.parametrize("content, message", [
+    (json.dumps({"results": [row("t", "cuarena", 1, 1, 1, 1, 1)]}),
+     "lacks cuarena or torch-native for t"),
+    ("{not json", "bad.json is not JSON"),
+    ("{}", "bad.json has no 'results' list"),
+])
+def test_bad_input_is_named(tmp_path, content, message):
     path = tmp_path / "bad.json"
-    path.write_text(json.dumps({"results": [row("t", "cuarena", 1, 1, 1, 1, 1)]}))
+    path.write_text(content)
     res = run(path)
     assert res.returncode != 0
-    assert "lacks cuarena or torch-native for t" in res.stderr
-
-
-def test_unreadable_file_is_named(tmp_path):
-    path = tmp_path / "broken.json"
-    path.write_text("{not json")
-    res = run(path)
-    assert res.returncode != 0
-    assert "broken.json" in res.stderr
-
-
-def test_json_without_results_is_named(tmp_path):
-    path = tmp_path / "empty.json"
-    path.write_text("{}")
-    res = run(path)
-    assert res.returncode != 0
-    assert "empty.json has no 'results' list" in res.stderr
+    assert message in res.stderr
