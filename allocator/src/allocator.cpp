@@ -338,8 +338,7 @@ class Allocator::Impl {
     }
     const bool any = !drained_.empty();
     drained_.clear();
-    fold_caches();  // stream_cached_bytes for the caches left
-    return any;
+    return any;  // stream_cached_bytes is refreshed by every reader's fold_caches()
   }
 
   /// Folds the statistics changes of the fast path into stats_. Caller holds mu_.
