@@ -42,7 +42,7 @@ std::string hex(DevicePtr p) {
   return buf;
 }
 
-std::size_t memory_limit(const DeviceBackend& backend, const Config& config) {
+std::size_t limit_bytes(const DeviceBackend& backend, const Config& config) {
   const auto bytes = static_cast<std::size_t>(double(backend.capacity()) *
                                               config.per_process_memory_fraction);
   return bytes / backend.granularity() * backend.granularity();
@@ -58,8 +58,8 @@ class Allocator::Impl {
              config_,
              stats_,
              backend.granularity(),
-             memory_limit(backend, config_),
-             static_cast<std::size_t>(double(memory_limit(backend, config_)) *
+             limit_bytes(backend, config_),
+             static_cast<std::size_t>(double(limit_bytes(backend, config_)) *
                                       config_.defrag_threshold)},
         pool_(ctx_),
         slabs_(ctx_, pool_, classes_) {
@@ -237,6 +237,21 @@ class Allocator::Impl {
 
   const Config& config() const { return config_; }
 
+  void set_memory_fraction(double fraction) {
+    if (!(fraction > 0.0 && fraction <= 1.0))
+      throw ConfigError("cuarena: memory fraction " + std::to_string(fraction) +
+                        " is outside (0, 1]");
+    std::lock_guard lock(mu_);
+    config_.per_process_memory_fraction = fraction;
+    ctx_.limit = limit_bytes(ctx_.backend, config_);
+    ctx_.soft_limit = static_cast<std::size_t>(double(ctx_.limit) * config_.defrag_threshold);
+  }
+
+  std::size_t limit() const {
+    std::lock_guard lock(mu_);
+    return ctx_.limit;
+  }
+
   std::vector<BlockInfo> live_blocks() const {
     std::vector<BlockInfo> out;
     live_.for_each([&](DevicePtr ptr, const LiveBlock& rec) {
@@ -244,6 +259,49 @@ class Allocator::Impl {
     });
     std::sort(out.begin(), out.end(),
               [](const BlockInfo& a, const BlockInfo& b) { return a.ptr < b.ptr; });
+    return out;
+  }
+
+  std::optional<BlockInfo> find(const void* p) const {
+    std::optional<BlockInfo> out;
+    live_.update(reinterpret_cast<DevicePtr>(p), [&](const LiveBlock& rec) {
+      out = BlockInfo{reinterpret_cast<DevicePtr>(p), rec.requested, rec.size, rec.stream,
+                      rec.slab != nullptr};
+    });
+    return out;
+  }
+
+  std::vector<SegmentInfo> segments() const {
+    using State = SegmentInfo::State;
+    std::vector<std::pair<DevicePtr, std::size_t>> runs;
+    std::vector<SegmentInfo::Piece> used;  // live and pending-free allocations
+    {
+      std::lock_guard lock(mu_);
+      pool_.mapped_runs(runs);
+      for (const PendingFree& pf : pending_)
+        used.push_back({pf.ptr, pf.live.size, pf.live.requested, State::kPendingFree, pf.live.stream});
+    }
+    live_.for_each([&](DevicePtr ptr, const LiveBlock& rec) {
+      used.push_back({ptr, rec.size, rec.requested, State::kAllocated, rec.stream});
+    });
+    std::sort(used.begin(), used.end(), [](const auto& a, const auto& b) { return a.addr < b.addr; });
+    std::sort(runs.begin(), runs.end());
+    std::vector<SegmentInfo> out;
+    auto next = used.begin();
+    for (const auto& [addr, size] : runs) {
+      SegmentInfo seg{addr, size, 0, {}};
+      DevicePtr pos = addr;
+      next = std::lower_bound(next, used.end(), addr,
+                              [](const auto& piece, DevicePtr a) { return piece.addr < a; });
+      for (; next != used.end() && next->addr + next->size <= addr + size; ++next) {
+        if (next->addr > pos) seg.blocks.push_back({pos, next->addr - pos, 0, State::kInactive, 0});
+        if (seg.stream == 0) seg.stream = next->stream;
+        seg.blocks.push_back(*next);
+        pos = next->addr + next->size;
+      }
+      if (pos < addr + size) seg.blocks.push_back({pos, addr + size - pos, 0, State::kInactive, 0});
+      out.push_back(std::move(seg));
+    }
     return out;
   }
 
@@ -465,7 +523,13 @@ void Allocator::process_events() { impl_->process_events(); }
 Stats Allocator::stats() const { return impl_->stats(); }
 void Allocator::reset_peak_stats() { impl_->reset_peak_stats(); }
 const Config& Allocator::config() const { return impl_->config(); }
+void Allocator::set_memory_fraction(double fraction) { impl_->set_memory_fraction(fraction); }
+std::size_t Allocator::memory_limit() const { return impl_->limit(); }
 std::vector<Allocator::BlockInfo> Allocator::live_blocks() const { return impl_->live_blocks(); }
+std::optional<Allocator::BlockInfo> Allocator::find(const void* ptr) const {
+  return impl_->find(ptr);
+}
+std::vector<Allocator::SegmentInfo> Allocator::segments() const { return impl_->segments(); }
 Allocator::Fragmentation Allocator::fragmentation() const { return impl_->fragmentation(); }
 Allocator::MemoryBreakdown Allocator::memory_breakdown() const {
   return impl_->memory_breakdown();

@@ -936,6 +936,24 @@ std::size_t BlockPool::release_free_segments() {
   return released;
 }
 
+void BlockPool::mapped_runs(std::vector<std::pair<DevicePtr, std::size_t>>& out) const {
+  for (const auto& arena : arenas_) {
+    const Arena& a = *arena;
+    std::size_t first = 0;
+    bool open = false;
+    for (std::size_t g = 0; g <= a.high_water(); ++g) {
+      const bool mapped = g < a.high_water() && a.is_mapped(g);
+      if (mapped && !open) {
+        first = g;
+        open = true;
+      } else if (!mapped && open) {
+        out.emplace_back(a.granule_addr(first), (g - first) * a.granule());
+        open = false;
+      }
+    }
+  }
+}
+
 void BlockPool::free_mapped_extents(std::size_t& total, std::size_t& largest) const {
   total = largest = 0;
   for (std::size_t i = 0; i < arenas_.size(); ++i) {

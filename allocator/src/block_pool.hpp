@@ -121,6 +121,10 @@ class BlockPool {
   /// Free bytes inside mapped granules, and the largest contiguous run of them.
   void free_mapped_extents(std::size_t& total, std::size_t& largest) const;
 
+  /// Appends every maximal run of actively mapped granules (a whole segment in segment mode)
+  /// as (address, bytes), in arena order. O(mapped granules): for snapshots.
+  void mapped_runs(std::vector<std::pair<DevicePtr, std::size_t>>& out) const;
+
   /// Throws std::logic_error naming the first broken invariant.
   void check_invariants() const;
 

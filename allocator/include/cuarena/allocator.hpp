@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "cuarena/config.hpp"
@@ -76,6 +77,13 @@ class Allocator {
 
   Stats stats() const;
   void reset_peak_stats();
+
+  /// Changes the fraction of the device this allocator may hold (PyTorch's
+  /// set_per_process_memory_fraction), in (0, 1]. Memory already held above the new limit stays
+  /// until freed and released. Throws ConfigError for a fraction outside (0, 1].
+  void set_memory_fraction(double fraction);
+  /// The most physical bytes this allocator may hold (capacity x fraction, granule-rounded).
+  std::size_t memory_limit() const;
   const Config& config() const;
 
   /// A live allocation, for snapshots and tests.
@@ -87,6 +95,34 @@ class Allocator {
     bool small;             ///< served from a slab
   };
   std::vector<BlockInfo> live_blocks() const;
+
+  /// The live allocation that starts at `ptr`, or nullopt. O(1); takes no device lock.
+  std::optional<BlockInfo> find(const void* ptr) const;
+
+  /// A run of reserved memory mapped at consecutive addresses (one segment in segment mode) and
+  /// what lies in it, as PyTorch's memory snapshot reports segments and blocks. The pieces tile
+  /// [addr, addr + size) in address order.
+  struct SegmentInfo {
+    enum class State {
+      kAllocated,    ///< a live allocation ("active_allocated")
+      kPendingFree,  ///< freed, waiting on record_stream events ("active_pending_free")
+      kInactive,     ///< free memory, or a slab's free slots ("inactive")
+    };
+    struct Piece {
+      DevicePtr addr;
+      std::size_t size;       ///< bytes (rounded, for allocations)
+      std::size_t requested;  ///< bytes asked for (0 when inactive)
+      State state;
+      StreamId stream;        ///< allocation stream (0 when inactive)
+    };
+    DevicePtr addr;
+    std::size_t size;
+    StreamId stream;  ///< the stream of the first allocation in it (0 when none)
+    std::vector<Piece> blocks;
+  };
+  /// Every reserved run, in address order within each arena. O(live blocks + mapped granules):
+  /// for snapshots, not hot paths. Blocks parked in stream caches count as inactive.
+  std::vector<SegmentInfo> segments() const;
 
   /// Free memory inside reserved (mapped) memory, as BFC and RMM report it.
   struct Fragmentation {

@@ -1,0 +1,169 @@
+// The C entry points (cuarena/torch_c_api.h): installation for the Python package, and the
+// pluggable ABI for torch.cuda.memory.CUDAPluggableAllocator.
+#include "cuarena/torch_c_api.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/headeronly/version.h>
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "torch_allocator_impl.hpp"
+
+namespace cuarena::torch_adapter {
+namespace {
+
+std::mutex g_install_mu;
+std::shared_ptr<TorchAllocator> g_installed;  // never released: deleters may run at exit
+std::shared_ptr<TorchAllocator> g_pluggable;  // the pluggable ABI's allocator, if used
+
+int fail(char* err, std::size_t errlen, const std::string& message) {
+  if (err != nullptr && errlen > 0) {
+    std::snprintf(err, errlen, "%s", message.c_str());
+  }
+  return 1;
+}
+
+/// Runs fn, turning any exception into a non-zero return with its message.
+template <class Fn>
+int guarded(char* err, std::size_t errlen, Fn&& fn) {
+  try {
+    fn();
+    return 0;
+  } catch (const c10::Error& e) {
+    return fail(err, errlen, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return fail(err, errlen, e.what());
+  }
+}
+
+TorchAllocator& plug() {
+  std::lock_guard lock(g_install_mu);
+  if (!g_pluggable) g_pluggable = std::make_shared<TorchAllocator>(Config::from_env());
+  return *g_pluggable;
+}
+
+}  // namespace
+
+c10::cuda::CUDACachingAllocator::CUDAAllocator* installed() {
+  std::lock_guard lock(g_install_mu);
+  return g_installed.get();
+}
+
+std::size_t memory_available(int device) {
+  TorchAllocator* a = g_installed ? g_installed.get() : g_pluggable.get();
+  TORCH_CHECK(a != nullptr, "cuarena is not installed");
+  return a->memory_available(c10::DeviceIndex(device));
+}
+
+}  // namespace cuarena::torch_adapter
+
+using namespace cuarena;
+using namespace cuarena::torch_adapter;
+namespace CCA = c10::cuda::CUDACachingAllocator;
+
+extern "C" {
+
+int cuarena_torch_install(const char* config, char* err, size_t errlen) {
+  return guarded(err, errlen, [&] {
+    const Config cfg = Config::parse(config == nullptr ? "" : config);
+    std::lock_guard lock(g_install_mu);
+    if (g_installed) {
+      TORCH_CHECK(g_installed->config() == cfg, "cuarena is already enabled with config '",
+                  g_installed->config().to_string(), "'; cannot enable it again with '",
+                  cfg.to_string(), "'");
+      return;
+    }
+    CCA::CUDAAllocator* current = CCA::allocator.load();
+    TORCH_CHECK(current == nullptr || !current->initialized(),
+                "CUDA is already initialised, so PyTorch's allocator (", current->name(),
+                ") has served memory and cannot be swapped. Enable cuarena before the first CUDA "
+                "call (before any tensor is moved to the GPU, torch.cuda.current_device(), "
+                "set_device() or mem_get_info()), or start the job with CUARENA=1 or "
+                "PYTORCH_CUDA_ALLOC_CONF=backend:cuarena.");
+    auto alloc = std::make_shared<TorchAllocator>(cfg);
+    CCA::allocator.store(alloc.get());
+    // The second registry: torch.accelerator.memory_* and c10::GetAllocator(kCUDA) read it.
+    c10::SetAllocator(c10::DeviceType::CUDA, alloc.get(), /*priority=*/255);
+    g_installed = std::move(alloc);
+  });
+}
+
+int cuarena_torch_is_installed(void) {
+  std::lock_guard lock(g_install_mu);
+  return g_installed != nullptr && CCA::allocator.load() == g_installed.get() ? 1 : 0;
+}
+
+const char* cuarena_torch_built_for(void) { return TORCH_VERSION; }
+
+int cuarena_config_check(const char* config, char* err, size_t errlen) {
+  return guarded(err, errlen, [&] { (void)Config::parse(config == nullptr ? "" : config); });
+}
+
+const char* cuarena_config_keys(void) {
+  static const std::string keys = [] {
+    std::string s;
+    for (const std::string& k : Config::keys()) s += (s.empty() ? "" : ",") + k;
+    return s;
+  }();
+  return keys.c_str();
+}
+
+int64_t cuarena_memory_available(int device, char* err, size_t errlen) {
+  std::size_t bytes = 0;
+  if (guarded(err, errlen, [&] { bytes = cuarena::torch_adapter::memory_available(device); }) != 0)
+    return -1;
+  return int64_t(bytes);
+}
+
+void* cuarena_malloc(ssize_t size, int device, cuarena_stream_t stream) {
+  if (size < 0) return nullptr;
+  try {
+    return plug().malloc(c10::DeviceIndex(device), std::size_t(size),
+                              reinterpret_cast<cudaStream_t>(stream));
+  } catch (const c10::OutOfMemoryError& e) {
+    std::fprintf(stderr, "cuarena_malloc: returning NULL: %s\n", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuarena_malloc: returning NULL: %s\n", e.what());
+  }
+  return nullptr;
+}
+
+void cuarena_free(void* ptr, ssize_t, int, cuarena_stream_t) {
+  if (ptr == nullptr) return;
+  try {
+    plug().free(ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuarena_free: %s\n", e.what());
+  }
+}
+
+void cuarena_init(int device_count) { plug().init(device_count); }
+void cuarena_reset(void) { plug().emptyCache(); }
+void cuarena_set_memory_fraction(double fraction, int device) {
+  plug().setMemoryFraction(fraction, c10::DeviceIndex(device));
+}
+void* cuarena_base_alloc(void* ptr, size_t* size) { return plug().getBaseAllocation(ptr, size); }
+void cuarena_record_stream(void* ptr, cuarena_stream_t stream) {
+  const int dev = c10::cuda::current_device();
+  c10::DataPtr dp(ptr, ptr, plug().raw_deleter(), c10::Device(c10::DeviceType::CUDA, dev));
+  plug().recordStream(dp, c10::cuda::getStreamFromExternal(
+                                   reinterpret_cast<cudaStream_t>(stream), c10::DeviceIndex(dev)));
+  (void)dp.release_context();
+}
+void cuarena_end_allocate_to_pool(int device, unsigned long long a, unsigned long long b) {
+  plug().endAllocateToPool(c10::DeviceIndex(device), {a, b});
+}
+void cuarena_release_pool(int device, unsigned long long a, unsigned long long b) {
+  plug().releasePool(c10::DeviceIndex(device), {a, b});
+}
+
+}  // extern "C"
+
+void cuarena::pluggable::begin_allocate_to_pool(int device, c10::MempoolId_t pool,
+                                                std::function<bool(cudaStream_t)> filter) {
+  torch_adapter::plug().beginAllocateToPool(c10::DeviceIndex(device), pool, std::move(filter));
+}

@@ -1,0 +1,125 @@
+// The TorchAllocator class (see cuarena/torch_allocator.hpp for its contract).
+#pragma once
+
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cuarena/cuda_allocators.hpp"
+#include "cuarena/torch_allocator.hpp"
+#include "history.hpp"
+#include "private_pools.hpp"
+
+namespace cuarena::torch_adapter {
+
+using namespace c10::cuda::CUDACachingAllocator;
+
+/// cuarena's statistics under PyTorch's names, less the accumulated counts at the last
+/// resetAccumulatedStats (`base`).
+CDA::DeviceStats to_device_stats(const Stats& s, const Stats& base);
+
+class TorchAllocator final : public CUDAAllocator {
+ public:
+  explicit TorchAllocator(Config config);
+
+  // c10::Allocator
+  c10::DataPtr allocate(size_t nbytes) override;
+  c10::DeleterFnPtr raw_deleter() const override;
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+
+  // c10::DeviceAllocator
+  bool initialized() override;
+  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
+  CDA::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+
+  // CUDAAllocator
+  void* raw_alloc(size_t nbytes) override;
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override;
+  void raw_delete(void* ptr) override;
+  void init(int device_count) override;
+  double getMemoryFraction(c10::DeviceIndex device) override;
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
+  std::vector<StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override;
+  void enable(bool value) override;
+  bool isEnabled() const override;
+  void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override;
+  void* getBaseAllocation(void* ptr, size_t* size) override;
+  using CUDAAllocator::recordStream;
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
+  SnapshotInfo snapshot(c10::MempoolId_t mempool_id = {0, 0}, bool include_traces = true) override;
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override;
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                          std::shared_ptr<CUDAAllocator> allocator = nullptr) override;
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override;
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                const std::unordered_set<void*>& expected_live_allocations) override;
+  ShareableHandle shareIpcHandle(void* ptr) override;
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
+  bool isHistoryEnabled() override;
+  void recordHistory(bool enabled, CDA::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, CDA::RecordContext when, bool clearHistory,
+                     const std::vector<std::string>& skip_actions) override;
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override;
+  void attachOutOfMemoryObserver(OutOfMemoryObserver observer) override;
+  void attachAllocatorTraceTracker(CDA::AllocatorTraceTracker tracker) override;
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override;
+  cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override;
+  std::shared_ptr<AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                     c10::MempoolId_t id) override;
+  CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                         std::shared_ptr<AllocatorState> pps) override;
+  std::string name() override;
+
+  // cuarena's own
+  /// `malloc` under PyTorch's semantics: throws c10::OutOfMemoryError.
+  void* malloc(c10::DeviceIndex device, std::size_t bytes, cudaStream_t stream);
+  void free(void* ptr);
+  std::size_t memory_available(c10::DeviceIndex device);
+  const Config& config() const { return config_; }
+
+ private:
+  /// One device: its main allocator, its private pools, frees deferred past a capture.
+  struct Device {
+    c10::DeviceIndex index = 0;
+    cuarena::Allocator* main = nullptr;              // owned by allocators_
+    cudaStream_t segment_stream = nullptr;  // the pools' segments are allocated on it
+    std::unique_ptr<PrivatePools> pools;
+    std::mutex deferred_mu;
+    std::vector<void*> deferred;  // frees made on a capturing stream
+    std::mutex stats_mu;
+    Stats accumulated_base;       // at the last resetAccumulatedStats
+  };
+  Device& device(c10::DeviceIndex index);  // created on first use
+  Device* existing(c10::DeviceIndex index) const;
+  bool any_context() const;
+  void* main_allocate(Device& d, std::size_t bytes, cudaStream_t stream, c10::MempoolId_t& pool);
+  void flush_deferred(Device& d);
+  [[noreturn]] void out_of_memory(Device& d, std::size_t bytes, const std::string& core_message);
+
+  const Config config_;
+  CudaAllocators allocators_;
+  std::mutex create_mu_;
+  std::array<std::atomic<Device*>, CudaAllocators::kMaxDevices> devices_{};
+  std::vector<std::unique_ptr<Device>> owned_devices_;  // under create_mu_
+  History history_;
+  std::mutex observers_mu_;
+  std::vector<OutOfMemoryObserver> oom_observers_;
+  std::atomic<int> device_count_{0};
+  std::atomic<bool> initialized_{false};
+  std::atomic<bool> enabled_{true};
+};
+
+}  // namespace cuarena::torch_adapter
