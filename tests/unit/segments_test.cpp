@@ -99,7 +99,7 @@ TEST(Segments, RandomizedTilingMatchesStatistics) {
   std::mt19937_64 rng(42);
   std::vector<void*> live;
   for (int i = 0; i < 3000; ++i) {
-    if (live.empty() || rng() % 3 != 0) {
+    if (live.size() < 64 && (live.empty() || rng() % 3 != 0)) {
       const std::size_t bytes = rng() % 2 ? 1 + rng() % (1 * MiB) : 1 + rng() % (24 * MiB);
       live.push_back(a.allocate(bytes, 1 + rng() % 3));
     } else {
