@@ -16,9 +16,11 @@
 namespace cuarena::torch_adapter {
 namespace {
 
-std::mutex g_install_mu;
-std::shared_ptr<TorchAllocator> g_installed;  // never released: deleters may run at exit
-std::shared_ptr<TorchAllocator> g_pluggable;  // the pluggable ABI's allocator, if used
+// Never destroyed: tensors are still freed while the process exits, after static destructors
+// and the CUDA runtime's unloading have begun.
+std::mutex& g_install_mu = *new std::mutex;
+std::shared_ptr<TorchAllocator>& g_installed = *new std::shared_ptr<TorchAllocator>;
+std::shared_ptr<TorchAllocator>& g_pluggable = *new std::shared_ptr<TorchAllocator>;  // pluggable ABI
 
 int fail(char* err, std::size_t errlen, const std::string& message) {
   if (err != nullptr && errlen > 0) {

@@ -15,8 +15,18 @@ namespace cuarena::torch_adapter {
 namespace {
 std::atomic<TorchAllocator*> g_self{nullptr};  // for the raw deleter; never freed
 
-void raw_free(void* ptr) {
-  if (ptr != nullptr) g_self.load(std::memory_order_acquire)->free(ptr);
+void raw_free(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  try {
+    g_self.load(std::memory_order_acquire)->free(ptr);
+  } catch (const std::exception& e) {
+    // A deleter must not throw. At exit the CUDA runtime may be unloading before the last
+    // tensors go; their memory goes with the process, so that is not worth a word.
+    const std::string what = e.what();
+    if (what.find("unloading") == std::string::npos &&
+        what.find("shutting down") == std::string::npos)
+      std::fprintf(stderr, "cuarena: freeing %p failed: %s\n", ptr, what.c_str());
+  }
 }
 
 cudaStream_t as_stream(StreamId s) { return reinterpret_cast<cudaStream_t>(s); }
