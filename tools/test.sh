@@ -10,7 +10,11 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 tools/install-deps.sh
-cmake --preset default
+# The PyTorch drop-in compiles and links against the installed torch (no GPU needed), and its
+# Python package's CPU tests load it; without torch (CUARENA_NO_TORCH=1) both are left out.
+adapter=OFF
+if python3 -c "import torch" >/dev/null 2>&1; then adapter=ON; fi
+cmake --preset default -DCUARENA_TORCH_ADAPTER=$adapter
 cmake --build --preset default
 ctest --preset default | tee -a "$log"
 
