@@ -247,6 +247,11 @@ class Allocator::Impl {
     ctx_.soft_limit = static_cast<std::size_t>(double(ctx_.limit) * config_.defrag_threshold);
   }
 
+  void with_device_lock(const std::function<void()>& fn) {
+    std::lock_guard lock(mu_);
+    fn();
+  }
+
   std::size_t limit() const {
     std::lock_guard lock(mu_);
     return ctx_.limit;
@@ -524,6 +529,7 @@ Stats Allocator::stats() const { return impl_->stats(); }
 void Allocator::reset_peak_stats() { impl_->reset_peak_stats(); }
 const Config& Allocator::config() const { return impl_->config(); }
 void Allocator::set_memory_fraction(double fraction) { impl_->set_memory_fraction(fraction); }
+void Allocator::with_device_lock(const std::function<void()>& fn) { impl_->with_device_lock(fn); }
 std::size_t Allocator::memory_limit() const { return impl_->limit(); }
 std::vector<Allocator::BlockInfo> Allocator::live_blocks() const { return impl_->live_blocks(); }
 std::optional<Allocator::BlockInfo> Allocator::find(const void* ptr) const {

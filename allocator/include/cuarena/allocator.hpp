@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -77,6 +78,10 @@ class Allocator {
 
   Stats stats() const;
   void reset_peak_stats();
+
+  /// Calls `fn` holding the device lock, so it may use the backend (which is not thread-safe)
+  /// while no allocation moves memory: for calls outside the policy, e.g. CUDA IPC export.
+  void with_device_lock(const std::function<void()>& fn);
 
   /// Changes the fraction of the device this allocator may hold (PyTorch's
   /// set_per_process_memory_fraction), in (0, 1]. Memory already held above the new limit stays

@@ -159,6 +159,9 @@ void TorchAllocator::free(void* ptr) {
   c10::MempoolId_t pool{0, 0};
   if (d.pools->any_pool() && d.pools->deallocate(ptr, &pool)) {
     // a pool block: pool memory is reused only inside the pool
+  } else if (!contexts && !history_.wanted()) {
+    d.main->deallocate(ptr);  // the common case: no look-up beyond the core's own
+    return;
   } else {
     const auto info = d.main->find(ptr);
     TORCH_CHECK(info.has_value(), "cuarena: free of ", ptr,

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <array>
+#include <map>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -117,6 +118,8 @@ class TorchAllocator final : public CUDAAllocator {
   History history_;
   std::mutex observers_mu_;
   std::vector<OutOfMemoryObserver> oom_observers_;
+  std::mutex ipc_mu_;
+  std::map<std::string, std::weak_ptr<void>> opened_;  // IPC handles mapped here
   std::atomic<int> device_count_{0};
   std::atomic<bool> initialized_{false};
   std::atomic<bool> enabled_{true};

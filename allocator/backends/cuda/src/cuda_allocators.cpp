@@ -17,12 +17,14 @@ Allocator& CudaAllocators::allocator(int device) {
     d.allocator = std::make_unique<Allocator>(*d.backend, config_);
     ready_[std::size_t(device)].store(d.allocator.get(), std::memory_order_release);
     const int n = created_.fetch_add(1) + 1;
+    only_device_.store(n == 1 ? device : -1, std::memory_order_release);
     only_.store(n == 1 ? d.allocator.get() : nullptr, std::memory_order_release);
   }
   return *d.allocator;
 }
 
 int CudaAllocators::device_of(const void* ptr) const {
+  if (const int only = only_device_.load(std::memory_order_acquire); only >= 0) return only;
   for (int i = 0; i < kMaxDevices; ++i) {
     const Allocator* a = ready_[std::size_t(i)].load(std::memory_order_acquire);
     if (a != nullptr && a->owns(ptr)) return i;

@@ -5,8 +5,11 @@
 
 #include <map>
 #include <string>
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
+
+#include <unistd.h>
 
 #include "cuarena/errors.hpp"
 #include "driver_api.hpp"
@@ -38,6 +41,8 @@ struct CudaVmmBackend::Impl {
   };
   std::unordered_map<PhysHandle, Chunk> chunks;
   std::map<DevicePtr, std::size_t> whole_maps;  // address -> bytes, whole mappings
+  bool exportable = false;  // handles are created exportable as POSIX file descriptors
+  std::unordered_map<CUmemGenericAllocationHandle, int> exported;  // handle -> its fd
   PhysHandle next_chunk = 1;
 
   CUmemGenericAllocationHandle create(std::size_t bytes, CUresult& r) {
@@ -69,6 +74,24 @@ CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity)
   m.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   cuda::check(m.api.granularity(&m.granule, &m.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
               "cuMemGetAllocationGranularity");
+  // Exportable memory (CUDA IPC, torch.multiprocessing) where the device can: one trial
+  // allocation tells, since a sandbox may refuse the handle type the attribute promises.
+  int fd_ok = 0;
+  check_rt(cudaDeviceGetAttribute(
+               &fd_ok,
+               static_cast<cudaDeviceAttr>(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED),
+               device),
+           "cudaDeviceGetAttribute(HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)");
+  if (fd_ok) {
+    m.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemGenericAllocationHandle probe = 0;
+    if (m.api.mem_create(&probe, m.granule, &m.prop, 0) == CUDA_SUCCESS) {
+      m.api.mem_release(probe);
+      m.exportable = true;
+    } else {
+      m.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    }
+  }
   std::size_t free_bytes = 0, total_bytes = 0;
   cuda::mem_info(device, free_bytes, total_bytes);
   m.capacity = capacity ? capacity : total_bytes;
@@ -76,6 +99,7 @@ CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity)
 
 CudaVmmBackend::~CudaVmmBackend() {
   DeviceGuard guard(impl_->device);
+  for (auto& [h, fd] : impl_->exported) ::close(fd);
   for (auto& [id, c] : impl_->chunks) {  // the core releases its chunks; this is a backstop
     for (auto h : c.handles) impl_->api.mem_release(h);
   }
@@ -144,8 +168,13 @@ void CudaVmmBackend::release_physical(PhysHandle chunk) {
   Impl& m = *impl_;
   auto it = m.chunks.find(chunk);
   if (it == m.chunks.end()) throw BackendError("cuarena: release_physical of an unknown chunk");
-  for (auto h : it->second.handles)
+  for (auto h : it->second.handles) {
+    if (auto e = m.exported.find(h); e != m.exported.end()) {
+      ::close(e->second);
+      m.exported.erase(e);
+    }
     cuda::check(m.log("cuMemRelease", [&] { return m.api.mem_release(h); }), "cuMemRelease");
+  }
   m.created -= it->second.bytes;
   m.chunks.erase(it);
 }
@@ -224,6 +253,42 @@ void CudaVmmBackend::unmap(DevicePtr va, std::size_t bytes) {
   cuda::check(m.log("cuMemUnmap", [&] { return m.api.mem_unmap(CUdeviceptr(va), bytes); }), "cuMemUnmap");
   for (auto it = m.whole_maps.lower_bound(va); it != m.whole_maps.end() && it->first < va + bytes;)
     it = m.whole_maps.erase(it);
+}
+
+std::vector<CudaBackend::ExportPiece> CudaVmmBackend::export_range(DevicePtr va,
+                                                                   std::size_t bytes) {
+  Impl& m = *impl_;
+  if (!m.exportable) {
+    throw BackendError("cuarena: device " + std::to_string(m.device) +
+                       " cannot export memory as file descriptors, so it cannot be shared with "
+                       "another process (CUDA IPC)");
+  }
+  DeviceGuard guard(m.device);
+  std::vector<ExportPiece> out;
+  for (std::size_t done = 0; done < bytes;) {
+    const DevicePtr at = va + done;
+    // The mapping holding `at`: a whole chunk's (possibly starting below va), or one granule.
+    std::size_t map_base = at, map_bytes = m.granule;
+    if (auto it = m.whole_maps.upper_bound(at); it != m.whole_maps.begin()) {
+      --it;
+      if (at < it->first + it->second) map_base = it->first, map_bytes = it->second;
+    }
+    // cuMemRetainAllocationHandle returns the handle cuMemCreate gave, with one more reference.
+    CUmemGenericAllocationHandle h = 0;
+    cuda::check(m.api.retain_handle(&h, reinterpret_cast<void*>(at)), "cuMemRetainAllocationHandle");
+    m.api.mem_release(h);
+    auto e = m.exported.find(h);
+    if (e == m.exported.end()) {
+      int fd = -1;
+      cuda::check(m.api.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                  "cuMemExportToShareableHandle");
+      e = m.exported.emplace(h, fd).first;
+    }
+    const std::size_t len = std::min(map_base + map_bytes - at, bytes - done);
+    out.push_back({done, len, at - map_base, e->second});
+    done += len;
+  }
+  return out;
 }
 
 EventId CudaVmmBackend::record_event(StreamId stream) { return impl_->events.record(stream); }

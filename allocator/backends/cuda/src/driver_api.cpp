@@ -36,6 +36,9 @@ const DriverApi& DriverApi::get() {
     resolve(a.mem_set_access, "cuMemSetAccess");
     resolve(a.granularity, "cuMemGetAllocationGranularity");
     resolve(a.error_string, "cuGetErrorString");
+    resolve(a.retain_handle, "cuMemRetainAllocationHandle");
+    resolve(a.export_handle, "cuMemExportToShareableHandle");
+    resolve(a.import_handle, "cuMemImportFromShareableHandle");
     return a;
   }();
   return api;

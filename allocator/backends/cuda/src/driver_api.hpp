@@ -18,6 +18,10 @@ struct DriverApi {
   decltype(&::cuMemSetAccess) mem_set_access = nullptr;
   decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
   decltype(&::cuGetErrorString) error_string = nullptr;
+  // CUDA IPC (cuda_ipc.cpp): exporting and importing physical memory as file descriptors.
+  decltype(&::cuMemRetainAllocationHandle) retain_handle = nullptr;
+  decltype(&::cuMemExportToShareableHandle) export_handle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) import_handle = nullptr;
 
   /// The process-wide table; throws BackendError if an entry point is missing.
   static const DriverApi& get();

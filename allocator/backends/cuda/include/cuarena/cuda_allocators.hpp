@@ -37,8 +37,14 @@ class CudaAllocators {
 
   /// The allocator of `device`, created on first use. Throws BackendError for a bad ordinal.
   Allocator& allocator(int device);
-  /// The device whose allocator owns `ptr`, or -1.
+  /// The device whose allocator owns `ptr`, or -1. With one device in use, that device
+  /// without a look (whether it owns `ptr` is then for its allocator to say).
   int device_of(const void* ptr) const;
+  /// The backend of `device`, created on first use like allocator().
+  CudaBackend& backend(int device) {
+    allocator(device);
+    return *devices_[std::size_t(device)].backend;
+  }
 
  private:
   struct PerDevice {
@@ -53,6 +59,7 @@ class CudaAllocators {
   std::array<std::atomic<Allocator*>, kMaxDevices> ready_{};  // published once created
   std::atomic<int> created_{0};
   std::atomic<Allocator*> only_{nullptr};  // the allocator while exactly one device has one
+  std::atomic<int> only_device_{-1};        // its device
 };
 
 }  // namespace cuarena

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuarena/config.hpp"
 #include "cuarena/device_backend.hpp"
@@ -30,6 +31,20 @@ class CudaBackend : public DeviceBackend {
   /// Host wall time spent in those calls, and in event records and queries, in microseconds,
   /// by call ("cuMemMap", "cudaEventRecord", ...).
   virtual std::map<std::string, double> driver_us() const = 0;
+
+  /// One mapping of an exported range: `bytes` at `offset` into the range are `handle_offset`
+  /// bytes into the physical allocation that file descriptor `fd` (of this process, owned by the
+  /// backend until the memory is released) exports.
+  struct ExportPiece {
+    std::size_t offset = 0;
+    std::size_t bytes = 0;
+    std::size_t handle_offset = 0;
+    int fd = -1;
+  };
+  /// CUDA IPC: the physical memory mapped at [va, va+bytes) (granule multiples, all mapped), as
+  /// file descriptors another process can import (cuda_ipc.hpp). Throws BackendError when this
+  /// upstream's memory cannot be exported (the default).
+  virtual std::vector<ExportPiece> export_range(DevicePtr va, std::size_t bytes);
 };
 
 /// The backend for `upstream` on CUDA device `device`, limited to `capacity` bytes of device

@@ -52,6 +52,9 @@ class CudaVmmBackend final : public CudaBackend {
   /// Driver calls made so far (cuMemCreate/Release/Map/Unmap/SetAccess), for cost accounting.
   std::size_t driver_calls() const override;
   std::map<std::string, double> driver_us() const override;
+  /// Physical memory is created exportable as POSIX file descriptors where the device supports
+  /// it (checked at construction); each handle is exported once, on first request.
+  std::vector<ExportPiece> export_range(DevicePtr va, std::size_t bytes) override;
 
  private:
   void map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset,
