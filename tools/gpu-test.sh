@@ -8,9 +8,24 @@
 # in .deps/ (see tools/fetch-gpu-deps.sh), unpacked under /opt/cuarena-deps. RMM (the rmm-pool
 # and rmm-arena replay rows) comes from the wheels in .deps/wheels (tools/replay/README.md),
 # unpacked into /opt/cuarena-deps/rmm; without them those rows are skipped.
-# Logs go to $OUT (or ./gpu-test-out). CUARENA_GPU_PART=1 runs the build and the tests only,
-# CUARENA_GPU_PART=2 the build (incremental) and the replays and benchmarks only (each part fits
-# one 10-minute device call); unset runs everything.
+# Where the system lacks them and .deps/ holds no .debs, the script says which build
+# dependencies are missing and how to fetch them (tools/fetch-gpu-deps.sh), then tries anyway.
+# Logs go to $OUT (or ./gpu-test-out). Parts, each meant to fit one 10-minute device call (the
+# build is incremental after the first):
+#   CUARENA_GPU_PART=1  the build and the C++ tests (gpu_tests, memcheck, core_tests)
+#   CUARENA_GPU_PART=2  the replays and benchmarks
+#   CUARENA_GPU_PART=3  the PyTorch suite tests/gpu_torch under real torch (torch_tests: cuarena
+#                       installed through libcuarena_torch.so from build-gpu and the package
+#                       from allocator/torch/python, no pip install; each scenario in a fresh
+#                       process), except the training comparison
+#   CUARENA_GPU_PART=4  the training comparison: bench/train/compare.py (train_compare: GPT-2,
+#                       ResNet-50, GPT-2 varlen, 30 steps each under native, expandable segments
+#                       and cuarena; its table goes to the log and to $OUT/train/compare.md), then
+#                       tests/gpu_torch/test_training.py checking its compare.json (train_tests)
+# Unset runs everything (part 1, the training comparison, the whole PyTorch suite, part 2).
+# On the H200 (2026-12-01) the PyTorch suite took 110 s (41 tests; a fresh process per scenario,
+# torch.compile 18 s) and the training comparison 205 s (9 runs of 11-32 s), too much to add to
+# part 1 beside its build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-test-out}
@@ -36,6 +51,30 @@ if ls .deps/*.deb >/dev/null 2>&1; then
   export CMAKE_PREFIX_PATH=/opt/cuarena-deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
   export LD_LIBRARY_PATH=/opt/cuarena-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# Build dependencies: say what is missing where neither the system nor .deps/ provides it.
+have_header() {
+  local d
+  for d in /usr/include /usr/local/include /opt/cuarena-deps/usr/include; do
+    [ -e "$d/$1" ] && return 0
+  done
+  return 1
+}
+missing_deps=()
+have_header gtest/gtest.h || missing_deps+=("GoogleTest (libgtest-dev)")
+have_header benchmark/benchmark.h ||
+  missing_deps+=("Google Benchmark (libbenchmark-dev libbenchmark1debian)")
+have_header CLI/CLI.hpp || missing_deps+=("CLI11 (libcli11-dev)")
+have_header nlohmann/json.hpp || missing_deps+=("nlohmann-json (nlohmann-json3-dev)")
+have_header zlib.h || missing_deps+=("zlib headers (zlib1g-dev)")
+if ((${#missing_deps[@]})); then
+  echo "gpu-test: missing build dependencies (not in /usr/include, /usr/local/include, and"
+  echo "  .deps/ has no .deb files for them):"
+  printf '  - %s\n' "${missing_deps[@]}"
+  echo "  Fetch them on a machine with network access and copy .deps/ here, then rerun:"
+  echo "    tools/fetch-gpu-deps.sh      # fills .deps/ with the .debs (and the RMM wheels)"
+  echo "  (or install them: apt-get install libgtest-dev libbenchmark-dev libcli11-dev"
+  echo "   nlohmann-json3-dev zlib1g-dev). Trying the build anyway."
+fi
 python=$(command -v python3)
 rmm_root=
 if ls .deps/wheels/*.whl >/dev/null 2>&1; then
@@ -56,7 +95,11 @@ if [ ! -x build-gpu/bin/gpu_tests ]; then
   exit 1
 fi
 part=${CUARENA_GPU_PART:-all}
-if [ "$part" != 2 ]; then
+case "$part" in
+  all | 1 | 2 | 3 | 4) ;;
+  *) echo "gpu-test: CUARENA_GPU_PART must be 1, 2, 3 or 4 (or unset), not '$part'"; exit 2 ;;
+esac
+if [ "$part" = all ] || [ "$part" = 1 ]; then
 step gpu_tests build-gpu/bin/gpu_tests --gtest_output=json:"$out/gpu_tests.json"
 grep -h "gpu-replay" "$out/gpu_tests.log" || true
 # (CudaSegmentBackends.* provokes out-of-memory on purpose, which memcheck counts as an API error.)
@@ -64,7 +107,32 @@ step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
   build-gpu/bin/gpu_tests --gtest_filter='CudaVmmBackend.*:Upstreams/CudaAllocator.BlocksHold*:Upstreams/CudaAllocator.MultiThread*'
 step core_tests build-gpu/bin/core_tests
 fi
-if [ "$part" != 1 ]; then
+# The PyTorch suite and the training comparison, from the source tree: the adapter the build
+# made, the package's sources on PYTHONPATH (no pip install: it would rebuild everything).
+# CUARENA_GPU_TORCH_REQUIRED=1 turns the suite's "no library / no CUDA" skips into failures.
+torch_env=(env "CUARENA_TORCH_LIB=$PWD/build-gpu/lib/libcuarena_torch.so"
+  "CUARENA_CLI=$PWD/build-gpu/bin/cuarena"
+  "PYTHONPATH=$PWD/allocator/torch/python${PYTHONPATH:+:$PYTHONPATH}"
+  CUARENA_GPU_TORCH_REQUIRED=1)
+if [ "$part" = all ] || [ "$part" = 4 ]; then
+  rm -f "$out/train/compare.json"  # the training test must never read an earlier run's
+  step train_compare "${torch_env[@]}" "$python" bench/train/compare.py \
+    --models gpt2,resnet50,gpt2_varlen --steps 30 --out "$out/train"
+  cat "$out/train/compare.md" 2>/dev/null || tail -20 "$out/train_compare.log"
+fi
+if [ "$part" = all ] || [ "$part" = 3 ] || [ "$part" = 4 ]; then
+  # (all: the whole suite, its training test reading train_compare's results; 3: all but the
+  # training test; 4: only the training test.)
+  torch_suite=(tests/gpu_torch)
+  torch_step=torch_tests
+  if [ "$part" = 3 ]; then torch_suite+=(--ignore=tests/gpu_torch/test_training.py); fi
+  if [ "$part" = 4 ]; then torch_suite=(tests/gpu_torch/test_training.py); torch_step=train_tests; fi
+  step "$torch_step" "${torch_env[@]}" CUARENA_TRAIN_COMPARE_JSON="$out/train/compare.json" \
+    "$python" -m pytest -q -rs -x -p no:cacheprovider "${torch_suite[@]}" \
+    --junitxml="$out/$torch_step.xml"
+  tail -25 "$out/$torch_step.log"
+fi
+if [ "$part" = all ] || [ "$part" = 2 ]; then
 step replay_verify bash -c "build-gpu/bin/cuarena replay tests/data/traces/*.pickle.gz \
   --backend sim,cuda --verify --json $out/gpu_replay.json && \
   $python -c \"import json,sys; rs=json.load(open('$out/gpu_replay.json'))['results']; \

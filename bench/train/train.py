@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""An ordinary PyTorch training run, for comparing CUDA allocators side by side.
+
+It knows nothing about cuarena: which allocator serves it is decided from outside (environment,
+or a wrapper that installs cuarena before this script runs; see compare.py). Everything that
+could differ between runs is seeded, and deterministic algorithms are asked for, so that runs
+under different allocators compute the same losses.
+
+    python3 bench/train/train.py --model {gpt2,resnet50,gpt2_varlen} --steps 30 --out r.json
+
+Models:
+  gpt2         GPT-2 small (transformers.GPT2LMHeadModel(GPT2Config()), randomly initialised),
+               bf16 autocast, AdamW, gradient accumulation over 4 micro-batches of 8 x 512
+               random tokens.
+  gpt2_varlen  the same with the sequence length of each step drawn from [64, 1024] by a seeded
+               generator (a varying shape every step: what fragments a caching allocator).
+  resnet50     torchvision.models.resnet50(weights=None), fp16 autocast with GradScaler, SGD,
+               batches of 64 random 224x224 images.
+
+The JSON written to --out: per-step losses (full precision) and step times (wall time between
+two torch.cuda.synchronize() calls), torch.cuda.max_memory_reserved() and
+max_memory_allocated(), the device's used memory (total - free from torch.cuda.mem_get_info,
+what nvidia-smi shows, all processes) sampled after every step and its peak,
+torch.cuda.get_allocator_backend(), versions, the GPU's name and the allocator environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+
+# Deterministic cuBLAS needs this before CUDA initialises (compare.py sets it too).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
+
+MODELS = ("gpt2", "resnet50", "gpt2_varlen")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=MODELS, required=True)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--out", required=True, help="result JSON file")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=None,
+                   help="micro-batch size (default: 8 for GPT-2, 64 for ResNet-50)")
+    p.add_argument("--micro-batches", type=int, default=4,
+                   help="gradient accumulation steps for GPT-2 (default 4)")
+    p.add_argument("--seq", type=int, default=512, help="sequence length for gpt2 (default 512)")
+    p.add_argument("--min-seq", type=int, default=64, help="gpt2_varlen's shortest sequence")
+    p.add_argument("--max-seq", type=int, default=1024, help="gpt2_varlen's longest sequence")
+    return p.parse_args(argv)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
+class GPT2Task:
+    """GPT-2 small on random tokens; fixed or per-step varying sequence length."""
+
+    def __init__(self, args, varlen: bool):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        self.cfg = GPT2Config()
+        self.batch = args.batch or 8
+        self.micro = args.micro_batches
+        self.varlen = varlen
+        self.seq = args.seq
+        self.seq_rng = random.Random(args.seed + 2)
+        self.min_seq, self.max_seq = args.min_seq, min(args.max_seq, self.cfg.n_positions)
+        torch.manual_seed(args.seed)
+        self.model = GPT2LMHeadModel(self.cfg).cuda()
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4, weight_decay=0.1)
+        self.gen = torch.Generator(device="cuda").manual_seed(args.seed + 1)
+        self.seq_lens: list[int] = []
+
+    def step(self) -> torch.Tensor:
+        seq = self.seq_rng.randint(self.min_seq, self.max_seq) if self.varlen else self.seq
+        self.seq_lens.append(seq)
+        total = torch.zeros((), device="cuda", dtype=torch.float32)
+        for _ in range(self.micro):
+            tokens = torch.randint(0, self.cfg.vocab_size, (self.batch, seq), device="cuda",
+                                   generator=self.gen)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = self.model(input_ids=tokens, labels=tokens, use_cache=False)
+            loss = out.loss / self.micro
+            loss.backward()
+            total += loss.detach().float()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return total
+
+    def info(self) -> dict:
+        import transformers
+
+        return {"transformers": transformers.__version__, "batch": self.batch,
+                "micro_batches": self.micro, "seq_lens": self.seq_lens,
+                "params": sum(p.numel() for p in self.model.parameters()),
+                "attn_implementation": getattr(self.model.config, "_attn_implementation", None)}
+
+
+class ResNetTask:
+    """ResNet-50 on random images, fp16 autocast with a GradScaler."""
+
+    def __init__(self, args):
+        import torchvision
+
+        self.batch = args.batch or 64
+        torch.manual_seed(args.seed)
+        self.model = torchvision.models.resnet50(weights=None).cuda()
+        self.model.train()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9,
+                                   weight_decay=1e-4)
+        self.scaler = torch.amp.GradScaler("cuda")
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.gen = torch.Generator(device="cuda").manual_seed(args.seed + 1)
+        self.scales: list[float] = []
+
+    def step(self) -> torch.Tensor:
+        images = torch.randn(self.batch, 3, 224, 224, device="cuda", generator=self.gen)
+        labels = torch.randint(0, 1000, (self.batch,), device="cuda", generator=self.gen)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = self.loss_fn(self.model(images), labels)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.opt.zero_grad(set_to_none=True)
+        self.scales.append(float(self.scaler.get_scale()))
+        return loss.detach().float()
+
+    def info(self) -> dict:
+        import torchvision
+
+        return {"torchvision": torchvision.__version__, "batch": self.batch,
+                "grad_scales": self.scales,
+                "params": sum(p.numel() for p in self.model.parameters())}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    seed_everything(args.seed)
+    if not torch.cuda.is_available():
+        print("train.py: no CUDA device", file=sys.stderr)
+        return 2
+    dev = torch.cuda.current_device()
+    torch.cuda.synchronize()
+    free0, total_mem = torch.cuda.mem_get_info()
+    used_before = total_mem - free0
+
+    t_build = time.perf_counter()
+    if args.model == "resnet50":
+        task = ResNetTask(args)
+    else:
+        task = GPT2Task(args, varlen=args.model == "gpt2_varlen")
+    torch.cuda.synchronize()
+    build_s = time.perf_counter() - t_build
+
+    losses: list[float] = []
+    times: list[float] = []
+    used: list[int] = []
+    for _ in range(args.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = task.step()
+        loss_value = float(loss.item())
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss_value)
+        free, _ = torch.cuda.mem_get_info()
+        used.append(total_mem - free)
+
+    stats = torch.cuda.memory_stats()
+    result = {
+        "model": args.model,
+        "steps": args.steps,
+        "seed": args.seed,
+        "losses": losses,
+        "step_times_s": times,
+        "max_memory_reserved": torch.cuda.max_memory_reserved(),
+        "max_memory_allocated": torch.cuda.max_memory_allocated(),
+        "memory_reserved_end": torch.cuda.memory_reserved(),
+        "device_used_bytes": used,
+        "device_used_peak_bytes": max(used) if used else None,
+        "device_used_before_bytes": used_before,
+        "device_total_bytes": total_mem,
+        "allocator_backend": torch.cuda.get_allocator_backend(),
+        "memory_stats": {k: stats.get(k) for k in (
+            "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+            "reserved_bytes.all.peak", "allocated_bytes.all.peak", "requested_bytes.all.peak")},
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "gpu": torch.cuda.get_device_name(dev),
+        "python": platform.python_version(),
+        "build_s": build_s,
+        "env": {k: os.environ.get(k) for k in (
+            "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUARENA", "CUARENA_CONF",
+            "CUARENA_TORCH_LIB", "CUBLAS_WORKSPACE_CONFIG")},
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "argv": sys.argv,
+        **task.info(),
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"train.py: {args.model} under {result['allocator_backend']}: "
+          f"final loss {losses[-1] if losses else float('nan'):.6f}, "
+          f"peak reserved {result['max_memory_reserved'] / 2**20:.0f} MiB, "
+          f"median step {sorted(times)[len(times) // 2] * 1e3 if times else 0:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
