@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs what cuarena builds and tests with: Debian packages (compiler, CMake, Ninja,
-# GoogleTest, Google Benchmark, CLI11, nlohmann-json, zlib) and pytest from PyPI.
+# GoogleTest, Google Benchmark, CLI11, nlohmann-json, zlib), and from PyPI pytest, torch 2.11.0
+# and scikit-build-core (for the Python package `cuarena` and its tests; torch's PyPI wheel is
+# the CUDA 13.0 build with its nvidia-* dependencies, about 3-4 GB, and imports without a GPU).
+# CUARENA_NO_TORCH=1 skips torch and scikit-build-core (their tests then skip).
 # Idempotent: installs only what is missing. Needs root or sudo for apt-get.
 set -euo pipefail
 
@@ -18,8 +21,32 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# pip into the interpreter CMake finds (python3); past PEP 668's marker on Debian's own Python.
+pip_install() {
+  local flags=(-q)
+  if python3 -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
+    flags+=(--break-system-packages)
+  fi
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install "${flags[@]}" "$@"
+}
+
 if ! python3 -m pytest --version >/dev/null 2>&1; then
   echo "install-deps: installing pytest"
-  python3 -m pip install -q pytest 2>/dev/null ||
-    python3 -m pip install -q --break-system-packages pytest
+  pip_install pytest
+fi
+
+torch_version=2.11.0  # the torch the adapter is built and tested against (allocator/torch)
+if [ "${CUARENA_NO_TORCH:-0}" != 1 ]; then
+  have=$(python3 -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
+  if [ "$have" != "$torch_version" ]; then
+    echo "install-deps: installing torch==$torch_version${have:+ (found $have)} (about 3-4 GB)"
+    start=$SECONDS
+    pip_install "torch==$torch_version"
+    echo "install-deps: torch installed in $((SECONDS - start)) s"
+  fi
+  if ! python3 -c 'import scikit_build_core' >/dev/null 2>&1; then
+    echo "install-deps: installing scikit-build-core"
+    pip_install scikit-build-core
+  fi
 fi
