@@ -1,4 +1,5 @@
 #include "cuarena/config.hpp"
+#include "cuarena/types.hpp"
 
 #include <cctype>
 #include <cmath>
@@ -135,7 +136,11 @@ const std::vector<std::pair<std::string, Setter>>& setters() {
        [](Config& c, const Entry& e) { c.stream_cache_bytes = parse_size_entry(e); }},
       {"sweep_interval",
        [](Config& c, const Entry& e) { c.sweep_interval = std::uint32_t(parse_uint(e, 1, 1u << 20)); }},
-      {"va_reserve", [](Config& c, const Entry& e) { c.va_reserve = parse_size_entry(e); }},
+      {"va_reserve",
+       [](Config& c, const Entry& e) {
+         c.va_reserve = parse_size_entry(e);
+         if (c.va_reserve > 4 * kMaxDeviceBytes) bad_value(e, "at most 64TiB of address space");
+       }},
       {"upstream",
        [](Config& c, const Entry& e) {
          const std::string v = trim_copy(e.value);
@@ -146,11 +151,18 @@ const std::vector<std::pair<std::string, Setter>>& setters() {
        }},
       {"sim_event_latency",
        [](Config& c, const Entry& e) { c.sim_event_latency = parse_uint(e, 0, 1u << 30); }},
-      {"sim_capacity", [](Config& c, const Entry& e) { c.sim_capacity = parse_size_entry(e); }},
+      {"sim_capacity",
+       [](Config& c, const Entry& e) {
+         c.sim_capacity = parse_size_entry(e);
+         if (c.sim_capacity > kMaxDeviceBytes) bad_value(e, "a device size of at most 16TiB");
+       }},
       {"sim_granularity",
        [](Config& c, const Entry& e) {
+         // Devices map in granules of 64 KiB (older GPUs) to 2 MiB; smaller ones would make the
+         // simulator's per-granule tables huge for nothing.
          const std::size_t g = parse_size_entry(e);
-         if (g < 512 || (g & (g - 1)) != 0) bad_value(e, "a power of two of at least 512 bytes");
+         if (g < 64 * KiB || g > 1 * GiB || (g & (g - 1)) != 0)
+           bad_value(e, "a power of two from 64KiB to 1GiB");
          c.sim_granularity = g;
        }},
   };
@@ -227,18 +239,22 @@ std::size_t parse_size(std::string_view text, std::string_view what) {
   while (i < v.size() && (std::isdigit(static_cast<unsigned char>(v[i])) || v[i] == '.')) ++i;
   if (i == 0) return fail("expected a number");
   const std::string number = v.substr(0, i);
-  std::string unit = trim_copy(std::string_view(v).substr(i));
-  for (char& ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string unit = trim_copy(std::string_view(v).substr(i));
+  // SI units are powers of 1000 (80GB = 80e9 bytes), IEC units powers of 1024 (80GiB = 80 *
+  // 2^30), as storage vendors and nvidia-smi use them; anything else is refused rather than
+  // guessed (a lower-case or one-letter unit is ambiguous).
   static const std::vector<std::pair<std::string, double>> units = {
-      {"", 1.0},           {"b", 1.0},           {"k", 1024.0},       {"kb", 1024.0},
-      {"kib", 1024.0},     {"m", 1048576.0},     {"mb", 1048576.0},   {"mib", 1048576.0},
-      {"g", 1073741824.0}, {"gb", 1073741824.0}, {"gib", 1073741824.0},
-      {"t", 1099511627776.0}, {"tb", 1099511627776.0}, {"tib", 1099511627776.0}};
+      {"", 1.0},     {"B", 1.0},      {"KB", 1e3},           {"MB", 1e6},
+      {"GB", 1e9},   {"TB", 1e12},    {"KiB", 1024.0},       {"MiB", 1048576.0},
+      {"GiB", 1073741824.0},          {"TiB", 1099511627776.0}};
   double scale = 0;
   for (const auto& [name, factor] : units) {
     if (name == unit) scale = factor;
   }
-  if (scale == 0) return fail("unknown unit \"" + unit + "\" (use B, KiB, MiB, GiB, TiB)");
+  if (scale == 0)
+    return fail("unknown unit \"" + unit +
+                "\": use bytes, or B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB "
+                "(powers of 1024), e.g. 80GB or 80GiB");
   char* end = nullptr;
   const double value = std::strtod(number.c_str(), &end);
   if (*end != '\0') return fail("expected a number");

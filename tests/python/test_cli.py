@@ -188,6 +188,8 @@ def bad_inputs(tmp_path):
         "unknown_option": ([TRACES / "resnet50_amp.pickle.gz", "--frobnicate"], "--frobnicate"),
         "bad_capacity": ([TRACES / "resnet50_amp.pickle.gz", "--capacity", "12XB"], "--capacity"),
         "negative_capacity": ([TRACES / "resnet50_amp.pickle.gz", "--capacity", "-1GiB"], "--capacity"),
+        "ambiguous_capacity_unit": ([TRACES / "resnet50_amp.pickle.gz", "--capacity", "80G"], "--capacity"),
+        "huge_capacity": ([TRACES / "resnet50_amp.pickle.gz", "--capacity", "29TiB"], "--capacity"),
         "bad_config_key": ([TRACES / "resnet50_amp.pickle.gz", "--config", "colour:blue"], "colour"),
         "bad_config_value": ([TRACES / "resnet50_amp.pickle.gz", "--config", "small_limit:lots"],
                              "small_limit"),
@@ -208,7 +210,8 @@ def bad_inputs(tmp_path):
 
 @pytest.mark.parametrize("case", ["missing", "truncated_gzip", "not_a_snapshot", "pickle_not_a_dict",
                                   "negative_size", "truncated_cuat", "directory", "unknown_option",
-                                  "bad_capacity", "negative_capacity", "bad_config_key",
+                                  "bad_capacity", "negative_capacity", "ambiguous_capacity_unit", "huge_capacity",
+                                  "bad_config_key",
                                   "bad_config_value", "bad_backend", "verify_without_gpu_backend",
                                   "torch_allocator_on_sim", "rmm_allocator_on_sim",
                                   "cub_allocator_on_sim", "cuarena_upstream_row_on_sim",

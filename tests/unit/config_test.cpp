@@ -64,6 +64,8 @@ TEST(Config, MalformedValuesNameTheKey) {
   for (const char* bad : {"small_limit:-1", "small_limit:12XB", "small_limit:", "defrag_threshold:2",
                           "defrag_threshold:abc", "per_process_memory_fraction:0",
                           "size_classes_per_doubling:0", "upstream:cuda", "sim_granularity:3000",
+                          "sim_granularity:512", "sim_granularity:2KiB", "sim_granularity:2GiB",
+                          "sim_capacity:29TiB", "va_reserve:65TiB",
                           "sweep_interval:0", "stream_alias:maybe", "cache_slack:-1"}) {
     const std::string msg = error_of(bad);
     const std::string key = std::string(bad).substr(0, std::string(bad).find(':'));
@@ -97,7 +99,22 @@ TEST(ParseSize, UnitsAndErrors) {
   EXPECT_EQ(parse_size("80GiB", "x"), 80 * GiB);
   EXPECT_EQ(parse_size("512MiB", "x"), 512 * MiB);
   EXPECT_EQ(parse_size("1.5KiB", "x"), 1536u);
-  EXPECT_EQ(parse_size("2 mb", "x"), 2 * MiB);
+  EXPECT_EQ(parse_size("2 MiB", "x"), 2 * MiB);
+  // SI units are powers of 1000, IEC units powers of 1024; ambiguous spellings are refused.
+  EXPECT_EQ(parse_size("80GB", "x"), std::size_t{80'000'000'000});
+  EXPECT_EQ(parse_size("1.5KB", "x"), 1500u);
+  EXPECT_EQ(parse_size("2TB", "x"), std::size_t{2'000'000'000'000});
+  EXPECT_EQ(parse_size("3B", "x"), 3u);
+  for (const char* ambiguous : {"80G", "80gb", "2 mb", "1k", "4Gib", "1KIB"}) {
+    try {
+      parse_size(ambiguous, "--capacity");
+      ADD_FAILURE() << ambiguous << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--capacity"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("GiB"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("powers of 1000"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_THROW(parse_size("-5", "x"), ConfigError);
   EXPECT_THROW(parse_size("", "x"), ConfigError);
   EXPECT_THROW(parse_size("0.3B", "x"), ConfigError);

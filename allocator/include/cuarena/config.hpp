@@ -2,7 +2,7 @@
 //
 // Syntax is PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax: `key:value,key:value`, lists as
 // `[a:b,>:c]`, booleans `True`/`False`. Sizes accept a plain byte count or a unit suffix
-// (`512`, `64KiB`, `2MiB`, `80GiB`, also `KB`/`MB`/`GB` meaning the binary units).
+// (`512`, `64KiB`, `2MiB`, `80GiB` in powers of 1024; `80GB` in powers of 1000).
 #pragma once
 
 #include <cstddef>
@@ -98,9 +98,14 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
-/// Parses a size such as `512`, `64KiB`, `2MiB`, `80GiB`. Throws ConfigError on bad input
-/// (negative, empty, unknown unit, overflow); `what` names the value in the message.
+/// Parses a size such as `512`, `64KiB`, `2MiB`, `80GiB` (powers of 1024) or `80GB` (powers of
+/// 1000: 80e9 bytes). Units are case-sensitive; `80G` or `80gb` is refused. Throws ConfigError on
+/// bad input (negative, empty, unknown unit, overflow); `what` names the value in the message.
 std::size_t parse_size(std::string_view text, std::string_view what);
+
+/// The largest device capacity cuarena accepts, in bytes (16 TiB: far above any GPU's, and
+/// small enough that 4x of it in virtual address space always fits a 47-bit range).
+inline constexpr std::size_t kMaxDeviceBytes = std::size_t{16} << 40;
 
 /// Formats bytes for people: `1.50 GiB`, `512 B`.
 std::string format_bytes(std::size_t bytes);

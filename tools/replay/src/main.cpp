@@ -149,6 +149,8 @@ int run_replay(ReplayArgs a) {
     sim.capacity = parse_size(a.capacity, "--capacity");
     if (sim.capacity < sim.config.sim_granularity)
       throw ConfigError("--capacity " + a.capacity + " is smaller than one granule");
+    if (sim.capacity > kMaxDeviceBytes)
+      throw ConfigError("--capacity " + a.capacity + " is larger than any device (at most 16TiB)");
   }
   const bool gpu = std::find(a.backends.begin(), a.backends.end(), "cuda") != a.backends.end();
   const bool on_sim = std::find(a.backends.begin(), a.backends.end(), "sim") != a.backends.end();
