@@ -164,6 +164,53 @@ def test_convert_then_replay_cuat_gives_the_same_numbers(tmp_path):
     assert strip(a) == strip(b)
 
 
+def record(action=0, pad8=0, device=0, pad32=0, stream=0, addr=0x1000, size=512, time_us=0):
+    """One .cuat event record (tools/trace/FORMAT.md), fields as given."""
+    import struct
+    return struct.pack("<BBHIQQQq", action, pad8, device, pad32, stream, addr, size, time_us)
+
+
+def cuat_file(tmp_path, records, name=None):
+    path = tmp_path / (name or f"case{len(list(tmp_path.glob('case*.cuat')))}.cuat")
+    path.write_bytes(b"CUATRACE" + (1).to_bytes(4, "little") + (40).to_bytes(4, "little")
+                     + len(records).to_bytes(8, "little") + bytes(8) + b"".join(records))
+    return path
+
+
+def test_cpp_and_python_readers_agree_on_validity(tmp_path):
+    """The replayer (C++) and the converter (Python) refuse the same malformed records."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "trace"))
+    import cuarena_trace
+    for recs in ([record(action=9)], [record(pad32=7)], [record(device=2), record(device=1)]):
+        path = cuat_file(tmp_path, recs)
+        with pytest.raises(cuarena_trace.TraceError):
+            cuarena_trace.read_cuat(path.read_bytes())
+        assert run("replay", path).returncode == 2
+    good = cuat_file(tmp_path, [record(), record(action=2)])
+    cuarena_trace.read_cuat(good.read_bytes())
+    assert run("replay", good).returncode == 0
+
+
+def test_convert_to_a_full_device_fails_and_leaves_nothing(tmp_path):
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    proc = run("convert", TRACES / "resnet50_amp.pickle.gz", "/dev/full")
+    assert proc.returncode != 0, proc.stderr
+    assert "/dev/full" in proc.stderr and "failed" in proc.stderr, proc.stderr
+    out = tmp_path / "sub" / "out.cuat"  # its directory does not exist: cannot be written
+    proc = run("convert", TRACES / "resnet50_amp.pickle.gz", out)
+    assert proc.returncode != 0 and not out.exists()
+    assert not list(tmp_path.rglob("*.partial"))
+
+
+def test_json_is_not_created_when_the_trace_fails(tmp_path):
+    out = tmp_path / "results.json"
+    proc = run("replay", tmp_path / "missing.pickle.gz", "--json", out)
+    assert proc.returncode == 2
+    assert not out.exists()
+
+
 def bad_inputs(tmp_path):
     gz = (TRACES / "resnet50_amp.pickle.gz").read_bytes()
     truncated = tmp_path / "truncated.pickle.gz"
@@ -177,7 +224,18 @@ def bad_inputs(tmp_path):
     cuat.write_bytes(b"CUATRACE" + (1).to_bytes(4, "little") + (40).to_bytes(4, "little")
                      + (3).to_bytes(8, "little") + bytes(8) + bytes(50))
     missing = tmp_path / "missing.pickle.gz"
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)  # no writer: reading it would block forever
     return {
+        "unknown_action_code": ([cuat_file(tmp_path, [record(action=9)])], "unknown action code 9"),
+        "nonzero_padding": ([cuat_file(tmp_path, [record(pad8=1)])], "padding"),
+        "devices_out_of_order": ([cuat_file(tmp_path, [record(device=1), record(device=0)])],
+                                 "device 0 after device 1"),
+        "size_beyond_any_device": ([cuat_file(tmp_path, [record(size=1 << 50)])],
+                                   "implausible size"),
+        "fifo": ([fifo], "not a regular file"),
+        "json_is_a_directory": ([TRACES / "resnet50_amp.pickle.gz", "--json", tmp_path],
+                                "is a directory"),
         "missing": ([missing], str(missing)),
         "truncated_gzip": ([truncated], str(truncated)),
         "not_a_snapshot": ([text], str(text)),
@@ -208,7 +266,9 @@ def bad_inputs(tmp_path):
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "truncated_gzip", "not_a_snapshot", "pickle_not_a_dict",
+@pytest.mark.parametrize("case", ["unknown_action_code", "nonzero_padding", "devices_out_of_order",
+                                  "size_beyond_any_device", "fifo", "json_is_a_directory",
+                                  "missing", "truncated_gzip", "not_a_snapshot", "pickle_not_a_dict",
                                   "negative_size", "truncated_cuat", "directory", "unknown_option",
                                   "bad_capacity", "negative_capacity", "ambiguous_capacity_unit", "huge_capacity",
                                   "bad_config_key",
@@ -240,7 +300,7 @@ def test_bad_environment_config_is_reported(tmp_path):
 def test_unwritable_json_fails_before_replaying(tmp_path):
     proc = run("replay", TRACES / "resnet50_amp.pickle.gz", "--json", tmp_path / "no" / "dir.json")
     assert proc.returncode == 2
-    assert "cannot open for writing" in proc.stderr
+    assert "cannot write in" in proc.stderr and "No such file or directory" in proc.stderr
     assert proc.stdout == ""
 
 

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -189,9 +190,18 @@ int run_replay(ReplayArgs a) {
 #endif
   }
   if (!a.json.empty()) {
-    // Fail now, not after a long replay, if the JSON cannot be written.
-    std::ofstream probe(a.json, std::ios::app);
-    if (!probe) throw TraceError(a.json + ": cannot open for writing");
+    // Fail now, not after a long replay, if the JSON cannot be written, without creating it:
+    // a run that fails leaves no empty results file behind.
+    std::error_code ec;
+    const std::filesystem::path json(a.json);
+    if (std::filesystem::is_directory(json, ec))
+      throw ConfigError("--json " + a.json + " is a directory; give a file name such as " +
+                        (json / "results.json").string());
+    const std::string dir = json.has_parent_path() ? json.parent_path().string() : ".";
+    const bool exists = std::filesystem::exists(json, ec);
+    if (::access(exists ? a.json.c_str() : dir.c_str(), W_OK) != 0)
+      throw ConfigError("--json " + a.json + ": cannot write " + (exists ? "it" : "in " + dir) +
+                        ": " + std::strerror(errno));
   }
   // Load everything first, so a bad file fails before any long replay.
   std::vector<std::pair<std::string, std::vector<Event>>> traces;

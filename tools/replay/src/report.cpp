@@ -100,6 +100,7 @@ void write_json(const std::string& path, const std::vector<Result>& results) {
   std::ofstream out(path);
   if (!out) throw TraceError(path + ": cannot open for writing");
   out << doc.dump(2) << '\n';
+  out.close();  // the close flushes: a full disk shows here
   if (!out) throw TraceError(path + ": write failed");
 }
 

@@ -2,6 +2,8 @@
 
 #include "process.hpp"
 
+#include "cuarena/config.hpp"
+
 #include <unistd.h>
 #include <zlib.h>
 
@@ -61,6 +63,10 @@ GzPtr open_gz(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail(path, "no such file");
   if (std::filesystem::is_directory(path, ec)) fail(path, "is a directory, not a trace");
+  // A pipe or device has no end to check a header against (and a FIFO with no writer blocks
+  // forever): only regular files are read.
+  if (!std::filesystem::is_regular_file(path, ec))
+    fail(path, "not a regular file (a pipe or device): save the trace to a file first");
   GzPtr f(gzopen(path.c_str(), "rb"));
   if (!f) fail(path, std::string("cannot open: ") + std::strerror(errno));
   return f;
@@ -121,15 +127,26 @@ std::vector<Event> read_cuat(const std::string& path) {
     for (std::size_t i = 0; i < batch; ++i) {
       const unsigned char* r = buf.data() + i * kRecordSize;
       Event e;
+      // The rules of FORMAT.md, as the Python reader (cuarena_trace.read_cuat) applies them.
+      const std::string where = "record " + std::to_string(events.size());
+      if (r[0] > std::uint8_t(Action::kSnapshot) && r[0] != std::uint8_t(Action::kOther))
+        fail(path, where + ": unknown action code " + std::to_string(r[0]));
+      if (r[1] != 0 || load_le<std::uint32_t>(r + 4) != 0)
+        fail(path, where + ": non-zero padding (corrupt record)");
       e.action = static_cast<Action>(r[0]);
       e.device = load_le<std::uint16_t>(r + 2);
+      if (!events.empty() && e.device < events.back().device) {
+        fail(path, where + ": device " + std::to_string(e.device) + " after device " +
+                       std::to_string(events.back().device) + " (devices are written in order)");
+      }
       e.stream = load_le<std::uint64_t>(r + 8);
       e.addr = load_le<std::uint64_t>(r + 16);
       e.size = load_le<std::uint64_t>(r + 24);
       e.time_us = load_le<std::int64_t>(r + 32);
-      if (e.size > (std::uint64_t{1} << 62) && e.action != Action::kOom) {
-        fail(path, "event " + std::to_string(events.size()) + " has an implausible size " +
-                       std::to_string(e.size));
+      // No device holds more (config.hpp): sums of such sizes cannot overflow 64 bits.
+      if (e.size > kMaxDeviceBytes && e.action != Action::kOom) {
+        fail(path, where + " has an implausible size " + std::to_string(e.size) +
+                       " (more than any device holds)");
       }
       events.push_back(e);
     }
@@ -141,8 +158,20 @@ std::vector<Event> read_cuat(const std::string& path) {
 }
 
 void write_cuat(const std::string& path, const std::vector<Event>& events) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw TraceError(path + ": cannot open for writing");
+  // A regular file (or a new one) is written beside it and renamed into place, so a failed
+  // write leaves no partial trace; anything else (a device such as /dev/stdout) is written
+  // directly. Either way every write, the flush and the close are checked.
+  std::error_code ec;
+  const bool regular = !std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec);
+  const std::string target = regular ? path + ".partial" : path;
+  std::ofstream out(target, std::ios::binary);
+  if (!out) throw TraceError(path + ": cannot open for writing: " + std::strerror(errno));
+  auto failed = [&](const char* what) {
+    const std::string why = std::strerror(errno);
+    out.close();
+    if (regular) std::remove(target.c_str());
+    throw TraceError(path + ": " + what + " failed: " + why + " (nothing written)");
+  };
   unsigned char header[32] = {};
   std::memcpy(header, kMagic, sizeof kMagic);
   store_le<std::uint32_t>(header + 8, kVersion);
@@ -158,8 +187,14 @@ void write_cuat(const std::string& path, const std::vector<Event>& events) {
     store_le<std::uint64_t>(r + 24, e.size);
     store_le<std::int64_t>(r + 32, e.time_us);
     out.write(reinterpret_cast<const char*>(r), sizeof r);
+    if (!out) failed("write");
   }
-  if (!out) throw TraceError(path + ": write failed");
+  errno = 0;
+  out.flush();
+  if (!out) failed("write");
+  out.close();
+  if (!out) failed("close");
+  if (regular && std::rename(target.c_str(), path.c_str()) != 0) failed("rename");
 }
 
 std::vector<Event> load_trace(const std::string& path) {
