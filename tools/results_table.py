@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Prints a Markdown table from `cuarena replay --json` output, for the README's Results section.
+"""Prints a Markdown table from `cuarena replay --json` output (docs/results.md's tables).
 
     python3 tools/results_table.py results.json
 """
 
+import argparse
 import json
 import sys
 
@@ -27,6 +28,12 @@ def main(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: results_table.py RESULTS.json")
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(
+        description="Print a Markdown table of `cuarena replay --json` results (one row per trace "
+                    "and allocator: reserved_ratio, latency percentiles, replay time, OOMs).")
+    parser.add_argument("results", help="a JSON file written by `cuarena replay --json FILE`")
+    args = parser.parse_args()
+    try:
+        main(args.results)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"results_table.py: {args.results}: not cuarena replay results ({e})")

@@ -323,3 +323,16 @@ def test_gpu_min_capacity_is_not_refused_for_want_of_the_simulator(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cuarena: error: --backend cuda"), lines
     assert "--min-capacity" not in lines[0]
+
+
+def test_version_and_results_table_help(tmp_path):
+    proc = run("--version")
+    assert proc.returncode == 0 and proc.stdout.strip().startswith("cuarena 0."), proc
+    script = Path(__file__).resolve().parents[2] / "tools" / "results_table.py"
+    helped = subprocess.run(["python3", script, "--help"], capture_output=True, text=True)
+    assert helped.returncode == 0 and "cuarena replay --json" in helped.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    refused = subprocess.run(["python3", script, bad], capture_output=True, text=True)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert str(bad) in refused.stderr

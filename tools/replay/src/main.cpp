@@ -261,6 +261,7 @@ int run_replay(ReplayArgs a) {
 
 int main(int argc, char** argv) {
   CLI::App app{"cuarena: a CUDA caching allocator, and the tools to measure it"};
+  app.set_version_flag("--version", std::string("cuarena ") + CUARENA_VERSION);
   app.require_subcommand(1);
   ReplayArgs ra;
   CLI::App* replay = app.add_subcommand(
@@ -308,6 +309,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    std::cout << e.what() << '\n';
+    return 0;
   } catch (const CLI::ParseError& e) {
     std::cerr << "cuarena: error: " << e.what() << " (run 'cuarena --help')\n";
     return 2;
