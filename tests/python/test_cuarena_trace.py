@@ -355,7 +355,35 @@ BAD_INPUTS = {
     "truncated_cuat": (lambda: _bad_cuat(b"@")[:-7], "truncated"),
     "cuat_version_2": (lambda: _bad_cuat(b"@").replace(b"CUATRACE\x01", b"CUATRACE\x02", 1),
                        "version 2"),
+    # Taken with torch.cuda.memory._snapshot() but without _record_memory_history(): segments,
+    # no events. Say how to record a usable one instead of replaying nothing.
+    "snapshot_without_history": (lambda: pickle.dumps({"segments": [{"total_size": 2 << 20}],
+                                                       "device_traces": [[], []]}),
+                                 "(1 segment) has no allocation history: record it with "
+                                 "torch.cuda.memory._record_memory_history()"),
+    "snapshot_without_devices": (lambda: pickle.dumps({"segments": [], "device_traces": []}),
+                                 "_dump_snapshot(path)"),
+    "implausible_snapshot_size": (lambda: _snapshot({"action": "alloc", "addr": 16,
+                                                     "size": 1 << 50, "stream": 0, "time_us": 1}),
+                                  "device_traces[0][0]: implausible size 1125899906842624"),
+    "implausible_csv_size": (lambda: b"Thread,Time,Action,Pointer,Size,Stream\n"
+                                     b"1,10:00:00.000000,allocate,0x10,1125899906842624,0x0\n",
+                             "line 2: implausible size"),
+    # Fields far too large to quote whole (FIELD_SHOWN characters and a length instead).
+    "huge_string_size": (lambda: _snapshot({"action": "alloc", "addr": 16, "size": "7" * 10**7,
+                                            "stream": 0, "time_us": 1}),
+                         "\u2026 (10000002 characters), expected an integer"),
+    "huge_integer_stream": (lambda: _snapshot({"action": "alloc", "addr": 16, "size": 8,
+                                               "stream": 10**5000, "time_us": 1}),
+                            "stream a 16610-bit integer does not fit in 64 bits"),
+    "huge_csv_pointer": (lambda: b"Thread,Time,Action,Pointer,Size,Stream\n1,5,allocate,"
+                                 + b"z" * 100_000 + b",8,0x0\n",
+                         "\u2026 (100002 characters) is not a hex or decimal integer"),
+    "long_csv_number": (lambda: b"Thread,Time,Action,Pointer,Size,Stream\n1,5,allocate,"
+                                + b"9" * 100_000 + b",8,0x0\n",
+                        "line 2: Pointer '999"),
 }
+HUGE_FIELDS = ["huge_string_size", "huge_integer_stream", "huge_csv_pointer", "long_csv_number"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
@@ -375,6 +403,16 @@ def test_bad_input_is_one_line_and_exit_2(case, command, tmp_path):
     assert problem in stderr
     assert result.stdout == b""
     assert not out.exists()
+    if case in HUGE_FIELDS:  # the field is quoted in part: the line stays short
+        assert len(stderr) < len(str(path)) + 400, len(stderr)
+
+
+def test_snapshot_without_history_is_refused_by_the_library_too():
+    with pytest.raises(ct.TraceError, match="no allocation history"):
+        ct.snapshot_events({"segments": [{}], "device_traces": [[]]})
+    # One device with events is a usable trace, even when another has none.
+    assert len(ct.snapshot_events({"device_traces": [[], [
+        {"action": "alloc", "addr": 16, "size": 8, "stream": 0, "time_us": 1}]]})) == 1
 
 
 def test_pickle_globals_are_refused_and_never_run(tmp_path):

@@ -71,6 +71,8 @@ SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, OOM = 3, 4, 5, 6, 7
 U16_MAX = (1 << 16) - 1
 U64_MAX = (1 << 64) - 1
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_DEVICE_BYTES = 16 << 40  # kMaxDeviceBytes (config.hpp): no event but an oom asks for more
+FIELD_SHOWN = 200  # characters of an input field an error message quotes
 
 GZIP_MAGIC = b"\x1f\x8b"
 PICKLE_PROTO = b"\x80"
@@ -129,7 +131,7 @@ def _gunzip(data: bytes) -> bytes:
     except EOFError:
         raise TraceError("truncated gzip data (the compressed stream ends early)") from None
     except (gzip.BadGzipFile, zlib.error) as e:
-        raise TraceError(f"corrupt gzip data: {e}") from None
+        raise TraceError(f"corrupt gzip data: {_clip(str(e))}") from None
 
 
 # --- PyTorch snapshots -----------------------------------------------------------------------
@@ -153,11 +155,11 @@ def _unpickle(data: bytes) -> object:
     try:
         return _SnapshotUnpickler(io.BytesIO(data)).load()
     except pickle.UnpicklingError as e:
-        raise TraceError(f"bad pickle: {e}") from None
+        raise TraceError(f"bad pickle: {_clip(str(e))}") from None
     except EOFError:
         raise TraceError("truncated pickle data") from None
     except Exception as e:  # a malformed pickle can raise almost anything; none of it is a bug here
-        raise TraceError(f"corrupt pickle data ({type(e).__name__}: {e})") from None
+        raise TraceError(f"corrupt pickle data ({type(e).__name__}: {_clip(str(e))})") from None
 
 
 def snapshot_events(snapshot: object) -> list[Event]:
@@ -172,6 +174,8 @@ def snapshot_events(snapshot: object) -> list[Event]:
         raise TraceError(f"'device_traces' is a {type(traces).__name__}, expected a list")
     if len(traces) > U16_MAX + 1:
         raise TraceError(f"{len(traces)} devices; the format holds at most {U16_MAX + 1}")
+    if all(isinstance(trace, list) and not trace for trace in traces):  # taken without history
+        raise TraceError(_no_history(snapshot.get("segments")))
     events: list[Event] = []
     for device, trace in enumerate(traces):
         if not isinstance(trace, list):
@@ -181,6 +185,17 @@ def snapshot_events(snapshot: object) -> list[Event]:
         for index, raw in enumerate(trace):
             events.append(_snapshot_event(device, raw, f"device_traces[{device}][{index}]"))
     return events
+
+
+def _no_history(segments: object) -> str:
+    """Why a snapshot with empty ``device_traces`` cannot be replayed, and how to record one."""
+    count = len(segments) if isinstance(segments, list) else 0
+    held = f" ({count} segment{'s' if count > 1 else ''})" if count else ""
+    return (
+        f"the snapshot{held} has no allocation history: record it with "
+        "torch.cuda.memory._record_memory_history() before the workload and "
+        "torch.cuda.memory._dump_snapshot(path) after"
+    )
 
 
 def _snapshot_event(device: int, raw: object, where: str) -> Event:
@@ -194,13 +209,13 @@ def _snapshot_event(device: int, raw: object, where: str) -> Event:
     stream = _uint64(_field(raw, "stream", where), "stream", where)
     time_us = _int64(_field(raw, "time_us", where), "time_us", where)
     if code == OOM:  # an oom event has no addr (it carries device_free instead)
-        addr, size = 0, _uint64(_field(raw, "size", where), "size", where)
+        addr, size = 0, _size(_field(raw, "size", where), code, where)
     elif code == OTHER:  # skipped by the replayer: keep what is there, require nothing
         addr = _uint64(raw.get("addr", 0), "addr", where)
-        size = _uint64(raw.get("size", 0), "size", where)
+        size = _size(raw.get("size", 0), code, where)
     else:
         addr = _uint64(_field(raw, "addr", where), "addr", where)
-        size = _uint64(_field(raw, "size", where), "size", where)
+        size = _size(_field(raw, "size", where), code, where)
     return Event(code, device, stream, addr, size, time_us)
 
 
@@ -215,22 +230,51 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _clip(text: str) -> str:
+    """``text`` cut to FIELD_SHOWN characters with '…' and its length: a message quoting a
+    field of the input stays one short line, however large the field."""
+    if len(text) <= FIELD_SHOWN:
+        return text
+    return f"{text[:FIELD_SHOWN]}… ({len(text)} characters)"
+
+
+def _shown(value: object) -> str:
+    """A field's value as an error message quotes it: repr(), clipped; a huge integer by size
+    (its decimal form alone could be megabytes, and Python refuses to write it)."""
+    if _is_int(value) and value.bit_length() > 256:
+        return f"a {value.bit_length()}-bit integer"
+    return _clip(repr(value))
+
+
 def _uint64(value: object, name: str, where: str) -> int:
     if not _is_int(value):
-        raise TraceError(f"{where}: {name} is {value!r}, expected an integer")
+        raise TraceError(f"{where}: {name} is {_shown(value)}, expected an integer")
     if value < 0:
-        raise TraceError(f"{where}: negative {name} {value}")
+        raise TraceError(f"{where}: negative {name} {_shown(value)}")
     if value > U64_MAX:
-        raise TraceError(f"{where}: {name} {value} does not fit in 64 bits")
+        raise TraceError(f"{where}: {name} {_shown(value)} does not fit in 64 bits")
     return value
 
 
 def _int64(value: object, name: str, where: str) -> int:
     if not _is_int(value):
-        raise TraceError(f"{where}: {name} is {value!r}, expected an integer")
+        raise TraceError(f"{where}: {name} is {_shown(value)}, expected an integer")
     if not I64_MIN <= value <= I64_MAX:
-        raise TraceError(f"{where}: {name} {value} does not fit in a signed 64-bit integer")
+        raise TraceError(
+            f"{where}: {name} {_shown(value)} does not fit in a signed 64-bit integer"
+        )
     return value
+
+
+def _size(value: object, code: int, where: str) -> int:
+    """An event's size: 64 bits, and (but for oom requests, which may be anything) no more
+    than any device holds, the C++ reader's rule, so the error names this input's record."""
+    size = _uint64(value, "size", where)
+    if size > MAX_DEVICE_BYTES and code != OOM:
+        raise TraceError(
+            f"{where}: implausible size {size} (more than any device holds: at most 16 TiB)"
+        )
+    return size
 
 
 # --- RMM logging_resource_adaptor CSVs -------------------------------------------------------
@@ -285,7 +329,7 @@ def rmm_csv_events(data: bytes) -> list[Event]:
                 continue  # blank line
             rows.append(_rmm_row(fields, columns, len(header), reader.line_num))
     except csv.Error as e:
-        raise TraceError(f"line {reader.line_num}: bad CSV ({e})") from None
+        raise TraceError(f"line {reader.line_num}: bad CSV ({_clip(str(e))})") from None
     return _rmm_events(rows)
 
 
@@ -304,7 +348,7 @@ def _rmm_row(fields: list[str], columns: dict[str, int], width: int, line: int) 
         raise TraceError(f"{where}: {len(fields)} fields, the header has {width}")
     code = RMM_ACTIONS.get(fields[columns["Action"]].strip(), OTHER)
     addr = _rmm_int(fields[columns["Pointer"]], "Pointer", where)
-    size = _rmm_int(fields[columns["Size"]], "Size", where)
+    size = _size(_rmm_int(fields[columns["Size"]], "Size", where), code, where)
     stream = _rmm_int(fields[columns["Stream"]], "Stream", where)
     time = _rmm_time(fields[columns["Time"]]) if "Time" in columns else None
     return _RmmRow(code, stream, 0 if code == OOM else addr, size, time, line)
@@ -316,7 +360,9 @@ def _rmm_int(text: str, name: str, where: str) -> int:
     if text.lower() in _NULL_POINTERS:
         return 0
     if not _INTEGER.fullmatch(text):
-        raise TraceError(f"{where}: {name} {text!r} is not a hex or decimal integer")
+        raise TraceError(f"{where}: {name} {_shown(text)} is not a hex or decimal integer")
+    if len(text) > 24:  # more digits than 64 bits need (int() refuses past 4300 anyway)
+        raise TraceError(f"{where}: {name} {_shown(text)} does not fit in 64 bits")
     return _uint64(int(text, 16 if text[:2].lower() == "0x" else 10), name, where)
 
 
@@ -395,6 +441,7 @@ def _cuat_event(index: int, fields: tuple, previous_device: int) -> Event:
         raise TraceError(f"{where}: non-zero padding (corrupt record)")
     if device < previous_device:
         raise TraceError(f"{where}: device {device} after device {previous_device}")
+    _size(size, action, where)
     return Event(action, device, stream, addr, size, time_us)
 
 
@@ -573,7 +620,7 @@ def _load_for_cli(path: str) -> tuple[str, list[Event]]:
     except OSError as e:
         raise TraceError(e.strerror or str(e)) from None
     except (ValueError, KeyError, TypeError, struct.error, RecursionError, MemoryError) as e:
-        raise TraceError(f"unreadable input ({type(e).__name__}: {e})") from None
+        raise TraceError(f"unreadable input ({type(e).__name__}: {_clip(str(e))})") from None
 
 
 def _convert(args: argparse.Namespace) -> None:
