@@ -27,6 +27,13 @@ std::string trim_copy(std::string_view s) {
   return std::string(s);
 }
 
+// A piece of the config text as a message quotes it: at most 200 characters, then "…" and the
+// length, so a huge value (a pasted file, a runaway script) leaves a one-line message.
+std::string quoted(std::string_view s) {
+  if (s.size() <= 200) return std::string(s);
+  return std::string(s.substr(0, 200)) + "\u2026 (" + std::to_string(s.size()) + " characters)";
+}
+
 std::string valid_keys() {
   std::string out;
   for (const auto& k : Config::keys()) out += (out.empty() ? "" : ", ") + k;
@@ -47,7 +54,7 @@ std::vector<Entry> split_entries(std::string_view text) {
     }
     if (depth != 0) {
       throw ConfigError("cuarena config: unbalanced '[' or ']' at position " +
-                        std::to_string(i) + " in \"" + std::string(text) + "\"");
+                        std::to_string(i) + " in \"" + quoted(text) + "\"");
     }
     std::string_view item = text.substr(start, i - start);
     if (i < text.size()) ++i;  // the comma
@@ -58,7 +65,7 @@ std::vector<Entry> split_entries(std::string_view text) {
     const std::size_t colon = item.find(':');
     if (colon == std::string_view::npos) {
       throw ConfigError("cuarena config: expected key:value at position " +
-                        std::to_string(start + lead) + ", got \"" + std::string(item) +
+                        std::to_string(start + lead) + ", got \"" + quoted(item) +
                         "\"; valid keys: " + valid_keys());
     }
     out.push_back({item.substr(0, colon), item.substr(colon + 1), start + lead});
@@ -67,8 +74,8 @@ std::vector<Entry> split_entries(std::string_view text) {
 }
 
 [[noreturn]] void bad_value(const Entry& e, std::string_view expected) {
-  throw ConfigError("cuarena config: bad value \"" + trim_copy(e.value) + "\" for key '" +
-                    trim_copy(e.key) + "' at position " + std::to_string(e.position) +
+  throw ConfigError("cuarena config: bad value \"" + quoted(trim_copy(e.value)) + "\" for key '" +
+                    quoted(trim_copy(e.key)) + "' at position " + std::to_string(e.position) +
                     ": expected " + std::string(expected));
 }
 
@@ -193,7 +200,7 @@ Config Config::parse(std::string_view text) {
       }
     }
     if (!found) {
-      throw ConfigError("cuarena config: unknown key '" + key + "' at position " +
+      throw ConfigError("cuarena config: unknown key '" + quoted(key) + "' at position " +
                         std::to_string(e.position) + "; valid keys: " + valid_keys());
     }
   }
@@ -231,7 +238,7 @@ std::string Config::to_string() const {
 std::size_t parse_size(std::string_view text, std::string_view what) {
   const std::string v = trim_copy(text);
   auto fail = [&](const std::string& why) -> std::size_t {
-    throw ConfigError("bad size \"" + v + "\" for " + std::string(what) + ": " + why);
+    throw ConfigError("bad size \"" + quoted(v) + "\" for " + quoted(what) + ": " + why);
   };
   if (v.empty()) return fail("empty");
   if (v[0] == '-') return fail("negative");

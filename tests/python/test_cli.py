@@ -336,3 +336,79 @@ def test_version_and_results_table_help(tmp_path):
     refused = subprocess.run(["python3", script, bad], capture_output=True, text=True)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert str(bad) in refused.stderr
+
+
+def test_one_bad_trace_among_several_is_reported_and_the_others_replay(tmp_path):
+    good = TRACES / "resnet50_amp.pickle.gz"
+    missing = tmp_path / "missing.pickle.gz"
+    not_a_trace = tmp_path / "notes.txt"
+    not_a_trace.write_text("hello, I am not a trace\n")
+    out = tmp_path / "out.json"
+    proc = run("replay", missing, good, not_a_trace, "--json", out)
+    assert proc.returncode == 2, proc.stderr
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 2, proc.stderr
+    assert errors[0].startswith(f"cuarena: error: {missing}: ")
+    assert errors[1].startswith(f"cuarena: error: {not_a_trace}: ")
+    assert "resnet50_amp" in proc.stdout  # the good trace is replayed and printed
+    results = json.loads(out.read_text())["results"]
+    assert {r["trace"] for r in results} == {"resnet50_amp"} and len(results) == 2
+
+
+def test_snapshot_without_history_says_how_to_record_one(tmp_path):
+    path = tmp_path / "no_history.pickle"
+    path.write_bytes(pickle.dumps({"segments": [{"total_size": 20 * MiB}], "device_traces": [[]]}))
+    proc = run("replay", path)
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"cuarena: error: {path}: "), line
+    assert "has no allocation history: record it with " \
+           "torch.cuda.memory._record_memory_history() before the workload and " \
+           "torch.cuda.memory._dump_snapshot(path) after" in line
+    assert proc.stdout == ""
+
+
+def test_implausible_sizes_are_reported_against_the_users_file(tmp_path):
+    # The converter itself names the snapshot's event ...
+    path = snapshot(tmp_path, [[ev("alloc", 0x1000, 1 << 50)]])
+    proc = run("replay", path)
+    assert proc.returncode == 2
+    assert f"{path}: device_traces[0][0]: implausible size" in proc.stderr, proc.stderr
+    # ... and what the C++ reader still finds in converted events (here from a converter that
+    # lets the size through) is reported against the input too, never the temporary file.
+    lax = tmp_path / "lax_converter.py"
+    lax.write_text("import struct, sys\n"
+                   "rec = struct.pack('<BBHIQQQq', 0, 0, 0, 0, 0, 16, 1 << 50, 0)\n"
+                   "open(sys.argv[3], 'wb').write(b'CUATRACE' + struct.pack('<IIQQ', 1, 40, 1, 0)"
+                   " + rec)\n")
+    env = dict(os.environ, CUARENA_TRACE_SCRIPT=str(lax))
+    proc = subprocess.run([cli(), "replay", str(path)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"cuarena: error: {path}: record 0 has an implausible size"), line
+    assert "cuarena-trace-" not in line
+
+
+def test_error_lines_quoting_huge_fields_are_clipped(tmp_path):
+    path = snapshot(tmp_path, [[ev("alloc", 0x1000, "9" * 10**7)]])
+    csv = tmp_path / "huge.csv"
+    csv.write_bytes(b"Thread,Time,Action,Pointer,Size,Stream\n1,5,allocate,0x10,8,"
+                    + b"s" * 100_000 + b"\n")
+    for args in ([path], [csv], [TRACES / "resnet50_amp.pickle.gz", "--config",
+                                 "small_limit:" + "7" * 100_000],  # an argument's limit: 128 KiB
+                 [TRACES / "resnet50_amp.pickle.gz", "--config", "x" * 100_000 + ":1"]):
+        proc = run("replay", *args)
+        assert proc.returncode == 2
+        [line] = proc.stderr.strip().splitlines()
+        assert "\u2026 (" in line and len(line) < 800, line[:1000]
+
+
+def test_notes_for_many_devices_are_one_line(tmp_path):
+    # No segment events on any device: one note for all 40, not 40 notes.
+    path = snapshot(tmp_path, [[ev("alloc", 0x1000, 512), ev("free_completed", 0x1000, 512)]] * 40)
+    proc = run("replay", path, "--allocator", "recorded,cuarena", check=True)
+    notes = proc.stderr.strip().splitlines()
+    assert notes == ["cuarena replay: snap: 40 devices (cuda0, cuda1, cuda2, \u2026, cuda39): no "
+                     "'recorded' row: the trace has no segment events (RMM logs and cuarena "
+                     "recordings do not hold the upstream's reservations)"], notes
+    assert sum("snap:cuda" in line for line in proc.stdout.splitlines()) == 40

@@ -203,28 +203,40 @@ int run_replay(ReplayArgs a) {
       throw ConfigError("--json " + a.json + ": cannot write " + (exists ? "it" : "in " + dir) +
                         ": " + std::strerror(errno));
   }
-  // Load everything first, so a bad file fails before any long replay.
+  // Load everything first, so a bad file is reported before any long replay; the others are
+  // still replayed and the exit status is 2 at the end.
   std::vector<std::pair<std::string, std::vector<Event>>> traces;
-  for (const std::string& path : a.traces) traces.emplace_back(path, load_trace(path));
+  bool bad_input = false;
+  for (const std::string& path : a.traces) {
+    try {
+      traces.emplace_back(path, load_trace(path));
+    } catch (const TraceError& e) {
+      std::cerr << "cuarena: error: " << e.what() << '\n';
+      bad_input = true;
+    }
+  }
+  if (traces.empty()) return 2;  // nothing to replay: no table, no JSON
 
   std::vector<Result> results;
   bool failures = false;
+  Notes notes;  // per-device notes, one line per trace and text (flushed after each trace)
   for (const auto& [path, events] : traces) {
-    const std::vector<int> devices = devices_in(events);
-    if (devices.empty()) std::cerr << "cuarena replay: " << path << ": the trace has no events\n";
-    for (int device : devices) {
-      const std::vector<Event> ev = device_events(events, device);
+    const auto by_device = split_by_device(events);  // one pass, however many devices
+    if (by_device.empty()) std::cerr << "cuarena replay: " << path << ": the trace has no events\n";
+    for (const auto& [device, ev] : by_device) {
+      const bool one = by_device.size() == 1 && device == 0;
+      const std::string label = one ? "" : "cuda" + std::to_string(device);
       std::string name = trace_name(path);
-      if (devices.size() > 1 || device != 0) name += ":cuda" + std::to_string(device);
+      if (!one) name += ":" + label;
       for (const std::string& allocator : a.allocators) {
         std::vector<std::optional<Result>> rows;
         if (allocator == "recorded") {
           if (std::none_of(ev.begin(), ev.end(), [](const Event& e) {
                 return e.action == Action::kSegmentAlloc || e.action == Action::kSegmentMap;
               })) {
-            std::cerr << "cuarena replay: " << name
-                      << ": no 'recorded' row: the trace has no segment events (RMM logs and "
-                         "cuarena recordings do not hold the upstream's reservations)\n";
+            notes.add(trace_name(path), label,
+                      "no 'recorded' row: the trace has no segment events (RMM logs and "
+                      "cuarena recordings do not hold the upstream's reservations)");
           } else {
             rows.push_back(replay_recorded(ev));
           }
@@ -251,9 +263,11 @@ int run_replay(ReplayArgs a) {
         }
       }
     }
+    notes.flush(std::cerr);
   }
   print_table(std::cout, results);
   if (!a.json.empty()) write_json(a.json, results);
+  if (bad_input) return 2;  // bad input outranks a failed replay
   return failures ? 1 : 0;
 }
 

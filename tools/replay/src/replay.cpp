@@ -78,6 +78,12 @@ std::vector<int> devices_in(const std::vector<Event>& all) {
   return {seen.begin(), seen.end()};
 }
 
+std::vector<std::pair<int, std::vector<Event>>> split_by_device(const std::vector<Event>& all) {
+  std::map<int, std::vector<Event>> by;
+  for (const Event& e : all) by[e.device].push_back(e);
+  return {std::make_move_iterator(by.begin()), std::make_move_iterator(by.end())};
+}
+
 std::uint64_t peak_requested(const std::vector<Event>& events) {
   std::unordered_map<std::uint64_t, std::uint64_t> live;
   std::uint64_t current = 0, peak = 0;

@@ -9,6 +9,29 @@
 
 namespace cuarena::replay {
 
+void Notes::add(const std::string& trace, const std::string& device, const std::string& text) {
+  auto [it, fresh] = index_.try_emplace({trace, text}, groups_.size());
+  if (fresh) groups_.push_back({trace, text, {}});
+  groups_[it->second].devices.push_back(device);
+}
+
+void Notes::flush(std::ostream& out) {
+  for (const Group& g : groups_) {
+    const std::vector<std::string>& d = g.devices;
+    if (d.size() <= 3) {
+      for (const std::string& device : d)
+        out << "cuarena replay: " << g.trace << (device.empty() ? "" : ":" + device) << ": "
+            << g.text << '\n';
+      continue;
+    }
+    out << "cuarena replay: " << g.trace << ": " << d.size() << " devices (" << d[0] << ", "
+        << d[1] << ", " << d[2] << (d.size() > 4 ? ", \u2026, " : ", ") << d.back()
+        << "): " << g.text << '\n';
+  }
+  groups_.clear();
+  index_.clear();
+}
+
 void print_table(std::ostream& out, const std::vector<Result>& results) {
   bool any_min = false;
   for (const Result& r : results) any_min = any_min || r.min_capacity_bytes.has_value();

@@ -9,6 +9,25 @@
 
 namespace cuarena::replay {
 
+/// Notes for stderr, "cuarena replay: NAME: TEXT", grouped so that a trace with many devices
+/// gets one line per text, not one per device: the same text for more than three devices of a
+/// trace is written once, "TRACE: N devices (cuda0, cuda1, cuda2, …, cuda9): TEXT".
+class Notes {
+ public:
+  /// `device` is "" for a trace replayed as one device, else its label ("cuda3").
+  void add(const std::string& trace, const std::string& device, const std::string& text);
+  /// Writes the notes held, each text where it first came, and forgets them.
+  void flush(std::ostream& out);
+
+ private:
+  struct Group {
+    std::string trace, text;
+    std::vector<std::string> devices;
+  };
+  std::vector<Group> groups_;
+  std::map<std::pair<std::string, std::string>, std::size_t> index_;  // (trace, text) -> group
+};
+
 /// Writes the results as an aligned text table.
 void print_table(std::ostream& out, const std::vector<Result>& results);
 

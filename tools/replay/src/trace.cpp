@@ -100,8 +100,10 @@ int run_converter(const std::string& in, const std::string& out, std::string& er
 
 }  // namespace
 
-std::vector<Event> read_cuat(const std::string& path) {
-  GzPtr f = open_gz(path);
+std::vector<Event> read_cuat(const std::string& path) { return read_cuat(path, path); }
+
+std::vector<Event> read_cuat(const std::string& file, const std::string& path) {
+  GzPtr f = open_gz(file);
   unsigned char header[32];
   if (read_some(f.get(), path, header, sizeof header) != sizeof header ||
       std::memcmp(header, kMagic, sizeof kMagic) != 0) {
@@ -217,20 +219,28 @@ std::vector<Event> load_trace(const std::string& path) {
     // The converter prints one line "cuarena-trace: PATH: PROBLEM"; pass on the last line.
     while (!err.empty() && (err.back() == '\n' || err.back() == '\r')) err.pop_back();
     const std::size_t nl = err.rfind('\n');
-    std::string line = nl == std::string::npos ? err : err.substr(nl + 1);
+    // Clipped: a converter that fails otherwise (a crash, another script) may quote anything.
+    std::string line = clip(nl == std::string::npos ? err : err.substr(nl + 1), path.size() + 300);
     const std::string prefix = "cuarena-trace: ";
     if (line.rfind(prefix, 0) == 0) throw TraceError(line.substr(prefix.size()));
     fail(path, "trace converter failed (exit " + std::to_string(rc) + ")" + (line.empty() ? "" : ": " + line));
   }
   std::vector<Event> events;
   try {
-    events = read_cuat(tmp);
+    events = read_cuat(tmp, path);  // a problem left in the converted events is the input's
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
   }
   std::remove(tmp.c_str());
   return events;
+}
+
+std::string clip(const std::string& text, std::size_t max) {
+  if (text.size() <= max) return text;
+  std::size_t cut = max;  // not inside a UTF-8 sequence
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return text.substr(0, cut) + "… (" + std::to_string(text.size()) + " characters)";
 }
 
 std::string trace_name(const std::string& path) {
