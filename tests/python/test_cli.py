@@ -412,3 +412,63 @@ def test_notes_for_many_devices_are_one_line(tmp_path):
                      "'recorded' row: the trace has no segment events (RMM logs and cuarena "
                      "recordings do not hold the upstream's reservations)"], notes
     assert sum("snap:cuda" in line for line in proc.stdout.splitlines()) == 40
+
+
+def verdicts(stdout):
+    """The verdict lines after the table: {(trace, allocator words): verdict}."""
+    lines = stdout.split("\n\n", 1)[1].strip().splitlines()
+    return {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in lines}
+
+
+def test_capacity_gives_one_verdict_per_row(tmp_path):
+    trace = TRACES / "resnet50_amp.pickle.gz"
+    out = tmp_path / "out.json"
+    proc = run("replay", trace, "--capacity", "8GiB", "--json", out, check=True)
+    v = verdicts(proc.stdout)
+    results = {r["allocator"]: r for r in json.loads(out.read_text())["results"]}
+    for allocator, row in results.items():
+        spare = (8 << 30) - row["peak_reserved_bytes"]
+        assert row["capacity_bytes"] == 8 << 30
+        assert row["verdict"].startswith("fits with ") and row["verdict"].endswith(" to spare")
+        assert v[f"resnet50_amp {allocator}" + (" on sim" if allocator == "cuarena" else "")] \
+            == row["verdict"]
+        assert abs(float(row["verdict"].split()[2]) * (1 << 20 if "MiB" in row["verdict"]
+                                                        else 1 << 30) - spare) < 0.01 * (1 << 30)
+    # Without --capacity or --check: no verdicts, in the table or the JSON.
+    [r] = replay_json(tmp_path, trace, "--allocator", "cuarena")
+    assert "verdict" not in r
+
+
+def test_out_of_memory_verdict_names_the_event_the_request_and_what_was_free(tmp_path):
+    import cuarena_trace
+    trace = TRACES / "resnet50_amp.pickle.gz"
+    out = tmp_path / "out.json"
+    args = ("replay", trace, "--allocator", "cuarena", "--capacity", "4GiB", "--json", out)
+    proc = run(*args)
+    assert proc.returncode == 0, proc.stderr  # out of memory is a result, not a failure ...
+    [r] = json.loads(out.read_text())["results"]
+    first = r["first_oom"]
+    event = cuarena_trace.load_events(str(trace))[first["event"]]
+    assert event.action == 0 and event.size == first["request_bytes"]  # an alloc of that size
+    assert first["cached_free_bytes"] + first["unreserved_bytes"] < (4 << 30)
+    assert first["free_pieces"] >= 1 and first["largest_free_piece_bytes"] < first["request_bytes"]
+    assert r["verdict"].startswith(f"runs out of memory at event {first['event']}: a ")
+    assert f" in {first['free_pieces']} pieces" in r["verdict"]
+    assert f"{r['ooms']} failed allocations in all" in r["verdict"]
+    assert verdicts(proc.stdout)["resnet50_amp cuarena on sim"] == r["verdict"]
+    checked = run(*args, "--check")  # ... unless asked: --check makes it exit 1
+    assert checked.returncode == 1, checked.stderr
+    fits = run("replay", trace, "--allocator", "cuarena", "--check")
+    assert fits.returncode == 0 and "fits with" in fits.stdout
+    bad = run("replay", trace, tmp_path / "missing.pickle", "--capacity", "4GiB", "--check")
+    assert bad.returncode == 2  # bad input stays 2, whatever else happened
+
+
+def test_recorded_out_of_memory_is_reported_but_not_checked(tmp_path):
+    trace = TRACES / "edge" / "record_stream_oom_empty_cache.pickle"
+    proc = run("replay", trace, "--check")
+    assert proc.returncode == 0, proc.stderr  # the recording's own OOM is not a replay's
+    v = verdicts(proc.stdout)["record_stream_oom_empty_cache recorded"]
+    assert v.startswith("ran out of memory when recorded at event 15: a 256.00 TiB request "
+                        "with "), v
+    assert "pieces" in v and "does not hold the device's own free memory" in v

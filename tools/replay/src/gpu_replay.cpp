@@ -83,7 +83,11 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
       const auto t1 = Clock::now();
       alloc_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
       if (p == nullptr) {
-        ++r.ooms;
+        if (r.ooms++ == 0) {  // where; what was free then, each allocator keeps to itself
+          r.first_oom.emplace();
+          r.first_oom->event = std::uint64_t(&e - events.data());
+          r.first_oom->request = e.size;
+        }
         if (options.stop_at_oom) break;
         continue;
       }

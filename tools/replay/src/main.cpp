@@ -42,6 +42,7 @@ struct ReplayArgs {
   std::vector<std::string> backends = {"sim"};
   std::string capacity;
   bool min_capacity = false;
+  bool check = false;  // exit 1 when a replayed row runs out of memory
   bool verify = false;
   int device = 0;
   std::string config;
@@ -265,10 +266,22 @@ int run_replay(ReplayArgs a) {
     }
     notes.flush(std::cerr);
   }
+  bool out_of_memory = false;  // a replayed row (not the recording) ran out of memory
+  if (!a.capacity.empty() || a.check) {
+    for (Result& r : results) {
+      if (r.allocator == "recorded") r.capacity_bytes = sim_capacity_bytes(sim);
+      else out_of_memory = out_of_memory || r.ooms > 0;
+      r.verdict = verdict(r);
+    }
+  }
   print_table(std::cout, results);
+  if (!a.capacity.empty() || a.check) {
+    std::cout << '\n';
+    print_verdicts(std::cout, results);
+  }
   if (!a.json.empty()) write_json(a.json, results);
   if (bad_input) return 2;  // bad input outranks a failed replay
-  return failures ? 1 : 0;
+  return failures || (a.check && out_of_memory) ? 1 : 0;
 }
 
 }  // namespace
@@ -305,6 +318,9 @@ int main(int argc, char** argv) {
                    "Binary-search the smallest capacity (a multiple of 2 MiB) that replays "
                    "without out-of-memory: sim: cuarena on the simulator; cuda: every GPU row, "
                    "held to each probed limit (one full replay per probe, slow)");
+  replay->add_flag("--check", ra.check,
+                   "Exit 1 when a replayed allocator runs out of memory (the recorded row does "
+                   "not count); prints the verdicts as --capacity does");
   replay->add_flag("--verify", ra.verify,
                    "GPU: tag every block with a kernel and check the tag before it is freed");
   replay->add_option("--device", ra.device, "GPU: CUDA device ordinal (default 0)");

@@ -63,6 +63,44 @@ std::uint64_t pytorch_rounded(std::uint64_t size) {
   return size < 512 ? 512 : (size + 511) / 512 * 512;
 }
 
+struct FreeExtents {
+  std::uint64_t total = 0, largest = 0, pieces = 0;
+};
+
+// The recording allocator's free memory after events[0..last], rebuilt from its segments and
+// live blocks. Block sizes are the requests rounded as PyTorch rounds them; unsplit remainders
+// count as free; each gap between blocks in a mapped range is one piece.
+FreeExtents recorded_free(const std::vector<Event>& events, std::size_t last) {
+  RangeSet mapped;
+  std::map<std::uint64_t, std::uint64_t> blocks;
+  for (std::size_t i = 0; i <= last; ++i) {
+    const Event& e = events[i];
+    if (e.action == Action::kSegmentAlloc || e.action == Action::kSegmentMap)
+      mapped.add(e.addr, e.addr + e.size);
+    else if (e.action == Action::kSegmentFree || e.action == Action::kSegmentUnmap)
+      mapped.remove(e.addr, e.addr + e.size);
+    else if (e.action == Action::kAlloc)
+      blocks[e.addr] = pytorch_rounded(e.size);
+    else if (e.action == Action::kFreeCompleted)
+      blocks.erase(e.addr);
+  }
+  FreeExtents f;
+  auto gap = [&f](std::uint64_t bytes) {
+    f.total += bytes;
+    f.largest = std::max(f.largest, bytes);
+    ++f.pieces;
+  };
+  for (const auto& [lo, hi] : mapped.ranges()) {
+    std::uint64_t pos = lo;
+    for (auto it = blocks.lower_bound(lo); it != blocks.end() && it->first < hi; ++it) {
+      if (it->first > pos) gap(it->first - pos);
+      pos = std::max(pos, std::min(hi, it->first + it->second));
+    }
+    if (hi > pos) gap(hi - pos);
+  }
+  return f;
+}
+
 }  // namespace
 
 std::vector<Event> device_events(const std::vector<Event>& all, int device) {
@@ -112,7 +150,7 @@ Result replay_recorded(const std::vector<Event>& events) {
   r.allocator = "recorded";
   r.backend = "trace";
   std::int64_t reserved = 0, peak = 0;
-  std::size_t peak_index = 0;
+  std::size_t peak_index = 0, first_oom = 0;
   std::unordered_map<std::uint64_t, std::uint64_t> live;
   for (std::size_t i = 0; i < events.size(); ++i) {
     const Event& e = events[i];
@@ -131,7 +169,7 @@ Result replay_recorded(const std::vector<Event>& events) {
         else ++r.skipped_events;
         break;
       case Action::kOom:
-        ++r.ooms;
+        if (r.ooms++ == 0) first_oom = i;
         break;
       case Action::kOther:
         ++r.skipped_events;
@@ -142,39 +180,16 @@ Result replay_recorded(const std::vector<Event>& events) {
   }
   r.peak_reserved_bytes = std::uint64_t(std::max<std::int64_t>(peak, 0));
 
-  // Fragmentation at the peak: rebuild segments and live blocks up to that event. Block sizes
-  // are the requests rounded as PyTorch rounds them; unsplit remainders count as free.
+  // Fragmentation at the peak, and the free pieces at the first out-of-memory event.
   if (peak > 0) {
-    RangeSet mapped;
-    std::map<std::uint64_t, std::uint64_t> blocks;
-    for (std::size_t i = 0; i <= peak_index; ++i) {
-      const Event& e = events[i];
-      if (e.action == Action::kSegmentAlloc || e.action == Action::kSegmentMap)
-        mapped.add(e.addr, e.addr + e.size);
-      else if (e.action == Action::kSegmentFree || e.action == Action::kSegmentUnmap)
-        mapped.remove(e.addr, e.addr + e.size);
-      else if (e.action == Action::kAlloc)
-        blocks[e.addr] = pytorch_rounded(e.size);
-      else if (e.action == Action::kFreeCompleted)
-        blocks.erase(e.addr);
-    }
-    std::uint64_t total = 0, largest = 0;
-    for (const auto& [lo, hi] : mapped.ranges()) {
-      std::uint64_t pos = lo;
-      for (auto it = blocks.lower_bound(lo); it != blocks.end() && it->first < hi; ++it) {
-        if (it->first > pos) {
-          total += it->first - pos;
-          largest = std::max(largest, it->first - pos);
-        }
-        pos = std::max(pos, std::min(hi, it->first + it->second));
-      }
-      if (hi > pos) {
-        total += hi - pos;
-        largest = std::max(largest, hi - pos);
-      }
-    }
-    r.external_fragmentation = total == 0 ? 0.0 : 1.0 - double(largest) / double(total);
-    r.free_at_peak_bytes = total;
+    const FreeExtents f = recorded_free(events, peak_index);
+    r.external_fragmentation = f.total == 0 ? 0.0 : 1.0 - double(f.largest) / double(f.total);
+    r.free_at_peak_bytes = f.total;
+  }
+  if (r.ooms > 0) {
+    const FreeExtents f = recorded_free(events, first_oom);
+    r.first_oom = Result::FirstOom{first_oom, events[first_oom].size, f.total, f.pieces,
+                                   f.largest, std::nullopt};  // the device's free: not recorded
   }
   r.peak_requested_bytes = peak_requested(events);
   r.reserved_ratio =
@@ -192,7 +207,41 @@ struct SimRun {
   Allocator::Fragmentation frag;
   Allocator::MemoryBreakdown breakdown;
   std::map<std::string, std::int64_t> counters;
+  std::optional<Result::FirstOom> first_oom;
+  std::uint64_t limit = 0;  // the allocator's memory_limit()
 };
+
+// The first failed allocation and the memory free just after it (the allocator has released
+// what it could before failing): maximal runs of inactive pieces in the reserved segments,
+// and what was never reserved. O(live blocks + mapped granules), once per replay.
+Result::FirstOom describe_oom(const Allocator& alloc, const SimBackend& sim, std::size_t index,
+                              std::uint64_t request) {
+  Result::FirstOom f{index, request, 0, 0, 0, 0};
+  using State = Allocator::SegmentInfo::State;
+  for (const Allocator::SegmentInfo& seg : alloc.segments()) {
+    std::uint64_t run = 0, run_end = 0;
+    auto close = [&] {
+      if (run == 0) return;
+      *f.cached_free += run;
+      *f.pieces += 1;
+      f.largest_piece = std::max(*f.largest_piece, run);
+      run = 0;
+    };
+    for (const auto& p : seg.blocks) {
+      if (p.state != State::kInactive) {
+        close();
+        continue;
+      }
+      if (run != 0 && p.addr != run_end) close();
+      run += p.size;
+      run_end = p.addr + p.size;
+    }
+    close();
+  }
+  const std::uint64_t limit = alloc.memory_limit(), held = sim.physical_bytes();
+  f.unreserved = limit > held ? limit - held : 0;
+  return f;
+}
 
 SimBackend::Options sim_options(const SimOptions& o) {
   SimBackend::Options so;
@@ -227,7 +276,7 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
         try {
           p = alloc.allocate(e.size, e.stream);
         } catch (const OutOfMemoryError&) {
-          ++run.ooms;
+          if (run.ooms++ == 0) run.first_oom = describe_oom(alloc, sim, i, e.size);
         }
         live.emplace(e.addr, p);  // nullptr: failed; its free is then a no-op
         break;
@@ -274,10 +323,15 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
                   {"num_sync_all_streams", s.num_sync_all_streams},
                   {"slabs_created", s.slabs_created},
                   {"cross_stream_reuses", s.cross_stream_reuses}};
+  run.limit = alloc.memory_limit();
   return run;
 }
 
 }  // namespace
+
+std::uint64_t sim_capacity_bytes(const SimOptions& options) {
+  return sim_options(options).capacity;
+}
 
 Result replay_cuarena(const std::vector<Event>& events, const SimOptions& options) {
   const auto start = Clock::now();
@@ -291,6 +345,8 @@ Result replay_cuarena(const std::vector<Event>& events, const SimOptions& option
   r.skipped_events = run.skipped;
   r.peak_reserved_bytes = run.peak_reserved;
   r.counters = run.counters;
+  r.first_oom = run.first_oom;
+  r.capacity_bytes = run.limit;
   r.elapsed_s = seconds_since(start);
   // Fragmentation at the peak: the replay is deterministic, so run again up to that event.
   if (run.peak_reserved > 0) {

@@ -36,6 +36,21 @@ struct Result {
   };
   std::optional<Latency> latency_us;
   std::map<std::string, std::int64_t> counters;  ///< allocator-specific extras
+  /// The first allocation that failed (ooms > 0), where the replay knows it.
+  struct FirstOom {
+    std::uint64_t event = 0;    ///< its index among the device's events (device_traces[d][i])
+    std::uint64_t request = 0;  ///< bytes asked for
+    /// Free memory then, where the allocator can say: cached inside reserved memory, as
+    /// maximal contiguous free pieces, and never reserved (capacity - reserved).
+    std::optional<std::uint64_t> cached_free, pieces, largest_piece, unreserved;
+  };
+  std::optional<FirstOom> first_oom;
+  /// The device limit the replay ran under, where one applied (the simulator's capacity
+  /// times per_process_memory_fraction); for `recorded`, the capacity it is judged against.
+  std::optional<std::uint64_t> capacity_bytes;
+  /// One line for people: fits with how much to spare, or where it ran out of memory and what
+  /// was free then (verdict() in report.hpp; set with --capacity or --check).
+  std::string verdict;
 };
 
 /// Events of one device, in trace order.
@@ -56,6 +71,10 @@ struct SimOptions {
   Config config;
   std::size_t capacity = 0;  ///< bytes; 0: config.sim_capacity or the recorded H200's
 };
+
+/// The simulated device's bytes under `options` (--capacity, else sim_capacity, else the
+/// recorded H200's 143771 MiB).
+std::uint64_t sim_capacity_bytes(const SimOptions& options);
 
 /// Replays through cuarena on the SimBackend.
 Result replay_cuarena(const std::vector<Event>& events, const SimOptions& options);

@@ -32,6 +32,62 @@ void Notes::flush(std::ostream& out) {
   index_.clear();
 }
 
+namespace {
+
+std::string count(std::uint64_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+// " with ... free ..." for the first out-of-memory: what the allocator could say of it.
+std::string free_then(const Result::FirstOom& f, bool recorded) {
+  if (!f.cached_free) return " (the free memory then is not known for this allocator)";
+  const std::string pieces =
+      count(*f.pieces, "piece", "pieces") +
+      (*f.pieces > 1 ? " (the largest " + format_bytes(*f.largest_piece) + ")" : "");
+  if (!f.unreserved) {
+    return " with " + format_bytes(*f.cached_free) + " free in " + pieces + " inside " +
+           (recorded ? "its segments (rebuilt from the trace, which does not hold the "
+                       "device's own free memory)"
+                     : "reserved memory (free device memory not known)");
+  }
+  return " with " + format_bytes(*f.cached_free + *f.unreserved) + " free: " +
+         format_bytes(*f.cached_free) + " in " + pieces + " inside reserved memory and " +
+         format_bytes(*f.unreserved) + " not reserved";
+}
+
+}  // namespace
+
+std::string verdict(const Result& r) {
+  const bool recorded = r.allocator == "recorded";
+  if (r.ooms == 0) {
+    if (!r.capacity_bytes)
+      return "fits: no out-of-memory (peak reserved " + format_bytes(r.peak_reserved_bytes) + ")";
+    const std::uint64_t cap = *r.capacity_bytes;
+    if (r.peak_reserved_bytes <= cap)
+      return "fits with " + format_bytes(cap - r.peak_reserved_bytes) + " to spare";
+    return "held " + format_bytes(r.peak_reserved_bytes) + " at its peak when recorded, " +
+           format_bytes(r.peak_reserved_bytes - cap) +
+           " more than the capacity (a recording, not replayed under the limit)";
+  }
+  std::string v = recorded ? "ran out of memory when recorded" : "runs out of memory";
+  if (!r.first_oom)
+    return v + ": " + count(r.ooms, "failed allocation", "failed allocations") +
+           " (where is not known for this allocator)";
+  const Result::FirstOom& f = *r.first_oom;
+  v += " at event " + std::to_string(f.event) + ": a " + format_bytes(f.request) + " request" +
+       free_then(f, recorded);
+  if (r.ooms > 1) v += "; " + std::to_string(r.ooms) + " failed allocations in all";
+  return v;
+}
+
+void print_verdicts(std::ostream& out, const std::vector<Result>& results) {
+  for (const Result& r : results) {
+    if (r.verdict.empty()) continue;
+    out << r.trace << ' ' << r.allocator << (r.backend == "trace" ? "" : " on " + r.backend)
+        << ": " << r.verdict << '\n';
+  }
+}
+
 void print_table(std::ostream& out, const std::vector<Result>& results) {
   bool any_min = false;
   for (const Result& r : results) any_min = any_min || r.min_capacity_bytes.has_value();
@@ -118,6 +174,17 @@ void write_json(const std::string& path, const std::vector<Result>& results) {
       j["free_us"] = {{"p50", l.free_p50}, {"p99", l.free_p99}, {"max", l.free_max}};
     }
     if (!r.counters.empty()) j["counters"] = r.counters;
+    if (r.capacity_bytes) j["capacity_bytes"] = *r.capacity_bytes;
+    if (r.first_oom) {
+      const Result::FirstOom& f = *r.first_oom;
+      nlohmann::json o = {{"event", f.event}, {"request_bytes", f.request}};
+      if (f.cached_free) o["cached_free_bytes"] = *f.cached_free;
+      if (f.pieces) o["free_pieces"] = *f.pieces;
+      if (f.largest_piece) o["largest_free_piece_bytes"] = *f.largest_piece;
+      if (f.unreserved) o["unreserved_bytes"] = *f.unreserved;
+      j["first_oom"] = o;
+    }
+    if (!r.verdict.empty()) j["verdict"] = r.verdict;
     doc["results"].push_back(j);
   }
   std::ofstream out(path);
@@ -157,6 +224,22 @@ std::vector<Result> read_json(const std::string& path) {
         r.latency_us = Result::Latency{a["p50"], a["p99"], a["max"], f["p50"], f["p99"], f["max"]};
       }
       if (j.contains("counters")) r.counters = j["counters"].get<std::map<std::string, std::int64_t>>();
+      if (j.contains("capacity_bytes")) r.capacity_bytes = j["capacity_bytes"];
+      if (j.contains("first_oom")) {
+        const auto& o = j["first_oom"];
+        Result::FirstOom f;
+        f.event = o.at("event");
+        f.request = o.at("request_bytes");
+        auto opt = [&o](const char* key, std::optional<std::uint64_t>& to) {
+          if (o.contains(key)) to = o[key].get<std::uint64_t>();
+        };
+        opt("cached_free_bytes", f.cached_free);
+        opt("free_pieces", f.pieces);
+        opt("largest_free_piece_bytes", f.largest_piece);
+        opt("unreserved_bytes", f.unreserved);
+        r.first_oom = f;
+      }
+      r.verdict = j.value("verdict", std::string());
       out.push_back(std::move(r));
     }
   } catch (const nlohmann::json::exception& e) {

@@ -28,6 +28,16 @@ class Notes {
   std::map<std::pair<std::string, std::string>, std::size_t> index_;  // (trace, text) -> group
 };
 
+/// The row's verdict for people (Result::verdict): "fits with 1.20 GiB to spare" (capacity
+/// minus peak reserved), or "runs out of memory at event 10432: a 1.80 GiB request with
+/// 3.10 GiB free: ..." (the first failure and, where the allocator can say, the free memory
+/// then and in how many pieces). A `recorded` row speaks of the recording ("ran out of memory
+/// when recorded", or "held ... more than the capacity", as it is not replayed under a limit).
+std::string verdict(const Result& r);
+
+/// Writes "TRACE ALLOCATOR [on BACKEND]: VERDICT" for each row with a verdict.
+void print_verdicts(std::ostream& out, const std::vector<Result>& results);
+
 /// Writes the results as an aligned text table.
 void print_table(std::ostream& out, const std::vector<Result>& results);
 
