@@ -97,6 +97,11 @@ def test_min_capacity_is_the_boundary(tmp_path):
     assert at["ooms"] == 0
     [below] = replay_json(tmp_path, trace, "--allocator", "cuarena", "--capacity", cap - 2 * MiB)
     assert below["ooms"] > 0
+    # The answer was checked above: 2 MiB steps to +16 MiB, +1% and +5%, all fitting here.
+    probes = [p["capacity_bytes"] for p in r["min_capacity_probes"]]
+    assert probes[:8] == [cap + k * 2 * MiB for k in range(1, 9)] and max(probes) > cap * 1.04
+    assert all(p["ooms"] == 0 for p in r["min_capacity_probes"])
+    assert r["min_capacity_search_bytes"] == cap
 
 
 def test_capacity_below_the_need_reports_ooms_not_a_crash(tmp_path):
@@ -472,3 +477,36 @@ def test_recorded_out_of_memory_is_reported_but_not_checked(tmp_path):
     assert v.startswith("ran out of memory when recorded at event 15: a 256.00 TiB request "
                         "with "), v
     assert "pieces" in v and "does not hold the device's own free memory" in v
+
+
+def test_min_capacity_checks_its_answer_above_the_search(tmp_path):
+    """A synthetic trace (16 events, found by a random search and shrunk) on which cuarena fits
+    at 94 MiB, runs out of memory from 102 to 108 MiB and fits again from 110 MiB: the binary
+    search alone would report 94 MiB; the probes above it find the failures."""
+    M = MiB
+    events = [(0, 0, 0x140000000, 4 * M), (0, 0, 0x180000000, 8 * M), (0, 0, 0x1c0000000, 16653751),
+              (0, 7, 0x200000000, 8 * M), (2, 0, 0x180000000, 8 * M), (2, 0, 0x1c0000000, 16653751),
+              (0, 0, 0x2c0000000, 26851118), (2, 0, 0x2c0000000, 26851118),
+              (2, 0, 0x140000000, 4 * M), (0, 0, 0x300000000, 261120),
+              (0, 7, 0x380000000, 33168641), (2, 0, 0x300000000, 261120),
+              (0, 0, 0x400000000, 28875765), (0, 0, 0x480000000, 473088),
+              (0, 0, 0x4c0000000, 7 * M), (2, 7, 0x380000000, 33168641)]
+    path = cuat_file(tmp_path, [record(action=a, stream=s, addr=addr, size=size, time_us=t)
+                                for t, (a, s, addr, size) in enumerate(events)], "nonmonotone.cuat")
+    out = tmp_path / "out.json"
+    proc = run("replay", path, "--allocator", "cuarena", "--min-capacity", "--json", out, check=True)
+    [r] = json.loads(out.read_text())["results"]
+    assert r["min_capacity_search_bytes"] == 94 * M
+    probes = {p["capacity_bytes"]: p["ooms"] for p in r["min_capacity_probes"]}
+    assert all(c > 94 * M for c in probes)
+    assert [c // M for c, ooms in sorted(probes.items()) if ooms] == [102, 104, 106, 108]
+    assert r["min_capacity_bytes"] == 110 * M  # the smallest capacity above which all fit
+    assert all(ooms == 0 for c, ooms in probes.items() if c >= 110 * M)
+    [note] = proc.stderr.strip().splitlines()
+    assert note == ("cuarena replay: nonmonotone: cuarena: the capacity search found 94.00 MiB, "
+                    "but 108.00 MiB (above it) runs out of memory (1 failed allocation): min "
+                    "capacity 110.00 MiB, the smallest capacity above which every probe fits "
+                    "(min_capacity_probes in the JSON)"), note
+    for capacity, fails in ((94 * M, False), (104 * M, True), (110 * M, False)):
+        [at] = replay_json(tmp_path, path, "--allocator", "cuarena", "--capacity", capacity)
+        assert (at["ooms"] > 0) == fails, capacity

@@ -87,4 +87,58 @@ INSTANTIATE_TEST_SUITE_P(Traces, RealTrace, ::testing::ValuesIn(kTraces),
                            return name.substr(0, name.find('.'));
                          });
 
+constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
+
+TEST(MinCapacityCheck, ProbesAreTwoMiBStepsToSixteenAndOneAndFivePercent) {
+  const std::vector<std::uint64_t> p = probe_capacities(2000 * MiB, 2 * MiB);
+  const std::vector<std::uint64_t> want = {2002 * MiB, 2004 * MiB, 2006 * MiB, 2008 * MiB,
+                                           2010 * MiB, 2012 * MiB, 2014 * MiB, 2016 * MiB,
+                                           2020 * MiB,   // +1%
+                                           2100 * MiB};  // +5%
+  EXPECT_EQ(p, want);
+  // +1% of 1000 MiB is 10 MiB, already a 2 MiB step: no repeats.
+  EXPECT_EQ(probe_capacities(1000 * MiB, 2 * MiB).size(), 9u);
+  // Steps never below the granule: with 1 GiB granules every probe is the next granule.
+  EXPECT_EQ(probe_capacities(4096 * MiB, 1024 * MiB), (std::vector<std::uint64_t>{5120 * MiB}));
+}
+
+// A device that fits from 94 MiB, fails from 102 to 108 MiB and fits again from 110 MiB (the
+// shape of the synthetic trace in test_cli.py): the binary search finds 94 MiB, the probes
+// find the failures above it, and the answer is the first capacity above the last failure.
+TEST(MinCapacityCheck, AFailureAboveTheSearchesAnswerMovesItAboveTheFailure) {
+  std::vector<std::uint64_t> asked;
+  auto ooms_at = [&](std::uint64_t c) -> std::uint64_t {
+    asked.push_back(c);
+    return c < 94 * MiB || (c >= 102 * MiB && c <= 108 * MiB) ? 1 : 0;
+  };
+  const CheckedMinCapacity m = checked_min_capacity(2 * MiB, 75 * MiB, 110 * MiB, 1 << 30, ooms_at);
+  EXPECT_EQ(m.searched, 94 * MiB);
+  EXPECT_EQ(m.bytes, 110 * MiB);
+  ASSERT_FALSE(m.probes.empty());
+  for (const CapacityProbe& p : m.probes) {
+    EXPECT_GT(p.capacity_bytes, 94 * MiB);
+    EXPECT_EQ(p.ooms > 0, p.capacity_bytes >= 102 * MiB && p.capacity_bytes <= 108 * MiB);
+  }
+}
+
+TEST(MinCapacityCheck, AFailureAtTheLastProbeSearchesAgainAboveIt) {
+  // Fits at 100 MiB, fails from 102 MiB up to +5% (106 MiB is the last probe) and beyond up
+  // to 200 MiB; fits from 202 MiB.
+  auto ooms_at = [](std::uint64_t c) -> std::uint64_t {
+    return c < 100 * MiB || (c > 100 * MiB && c < 202 * MiB) ? 3 : 0;
+  };
+  const CheckedMinCapacity m = checked_min_capacity(2 * MiB, 90 * MiB, 100 * MiB, 1 << 30, ooms_at);
+  EXPECT_EQ(m.searched, 100 * MiB);
+  EXPECT_EQ(m.bytes, 202 * MiB);
+  for (const CapacityProbe& p : m.probes) EXPECT_EQ(p.ooms > 0, p.capacity_bytes < 202 * MiB);
+}
+
+TEST(MinCapacityCheck, AMonotoneDeviceKeepsTheSearchesAnswer) {
+  auto ooms_at = [](std::uint64_t c) -> std::uint64_t { return c < 128 * MiB ? 5 : 0; };
+  const CheckedMinCapacity m = checked_min_capacity(2 * MiB, 64 * MiB, 300 * MiB, 1 << 30, ooms_at);
+  EXPECT_EQ(m.searched, 128 * MiB);
+  EXPECT_EQ(m.bytes, 128 * MiB);
+  EXPECT_EQ(m.probes.size(), probe_capacities(128 * MiB, 2 * MiB).size());
+}
+
 }  // namespace

@@ -136,6 +136,29 @@ std::optional<Result> replay_one_gpu(const std::string& path, const std::vector<
 #endif
 }
 
+// --min-capacity for cuarena on the simulator: the search, checked above its answer; a probe
+// there that fails is a note (the reported figure is then above every failing probe).
+void sim_min_capacity(Result& r, const std::vector<Event>& ev, const SimOptions& sim,
+                      Notes& notes, const std::string& trace, const std::string& label) {
+  const CheckedMinCapacity m = min_capacity_checked(ev, sim, r.peak_reserved_bytes);
+  r.min_capacity_bytes = m.bytes.value_or(0);  // 0: nothing up to 2^50 bytes fits, as before
+  r.min_capacity_search_bytes = m.searched;
+  r.min_capacity_probes = m.probes;
+  if (m.bytes == m.searched) return;
+  const CapacityProbe* worst = nullptr;  // the largest failing probe
+  for (const CapacityProbe& p : m.probes)
+    if (p.ooms > 0 && (!worst || p.capacity_bytes > worst->capacity_bytes)) worst = &p;
+  notes.add(trace, label,
+            r.allocator + ": the capacity search found " + format_bytes(*m.searched) + ", but " +
+                format_bytes(worst->capacity_bytes) + " (above it) runs out of memory (" +
+                std::to_string(worst->ooms) +
+                (worst->ooms == 1 ? " failed allocation): " : " failed allocations): ") +
+                (m.bytes ? "min capacity " + format_bytes(*m.bytes) +
+                               ", the smallest capacity above which every probe fits"
+                         : std::string("no capacity up to 1 PiB fits above it")) +
+                " (min_capacity_probes in the JSON)");
+}
+
 int run_replay(ReplayArgs a) {
   SimOptions sim;
   if (a.config.empty()) {
@@ -244,7 +267,7 @@ int run_replay(ReplayArgs a) {
         } else {
           if (allocator == "cuarena" && on_sim) {
             Result r = replay_cuarena(ev, sim);
-            if (a.min_capacity) r.min_capacity_bytes = min_capacity(ev, sim, r.peak_reserved_bytes);
+            if (a.min_capacity) sim_min_capacity(r, ev, sim, notes, trace_name(path), label);
             rows.push_back(std::move(r));
           }
           if (gpu) {

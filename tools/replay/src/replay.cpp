@@ -400,4 +400,60 @@ std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& o
       .value_or(0);
 }
 
+std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t step) {
+  auto up = [step](std::uint64_t bytes) { return std::max(step, (bytes + step - 1) / step * step); };
+  const std::uint64_t near = up(std::uint64_t{2} << 20);  // 2 MiB, or one step if larger
+  std::set<std::uint64_t> out;
+  for (std::uint64_t d = near; d <= (std::uint64_t{16} << 20) || d == near; d += near)
+    out.insert(answer + d);
+  out.insert(answer + up(answer / 100));
+  out.insert(answer + up(answer / 20));
+  return {out.begin(), out.end()};
+}
+
+CheckedMinCapacity checked_min_capacity(std::uint64_t step, std::uint64_t floor,
+                                        std::uint64_t known_good, std::uint64_t ceiling,
+                                        const std::function<std::uint64_t(std::uint64_t)>& ooms_at) {
+  auto fits = [&](std::uint64_t capacity) { return ooms_at(capacity) == 0; };
+  CheckedMinCapacity out;
+  out.searched = search_min_capacity(step, floor, known_good, ceiling, fits);
+  if (!out.searched) return out;
+  std::uint64_t answer = *out.searched;
+  std::map<std::uint64_t, std::uint64_t> seen;  // probed capacity -> out-of-memory failures
+  for (int round = 0; round < 3; ++round) {
+    for (std::uint64_t c : probe_capacities(answer, step)) {
+      if (c > ceiling || seen.count(c)) continue;
+      const std::uint64_t ooms = ooms_at(c);
+      seen.emplace(c, ooms);
+      out.probes.push_back({c, ooms});
+    }
+    std::optional<std::uint64_t> worst;  // the largest probe above the answer that fails
+    for (const auto& [c, ooms] : seen)
+      if (c > answer && ooms > 0) worst = c;
+    if (!worst) break;
+    const auto above = seen.upper_bound(*worst);  // every probe from here up fits
+    if (above != seen.end()) {
+      answer = above->first;
+      break;
+    }
+    const auto again = search_min_capacity(step, *worst + step, std::max(known_good, *worst + step),
+                                           ceiling, fits);
+    if (!again) return out;  // nothing up to the ceiling fits above the failing probe
+    answer = *again;
+  }
+  out.bytes = answer;
+  return out;
+}
+
+CheckedMinCapacity min_capacity_checked(const std::vector<Event>& events, const SimOptions& options,
+                                        std::uint64_t known_good) {
+  auto ooms_at = [&](std::uint64_t capacity) {
+    SimOptions o = options;
+    o.capacity = capacity;
+    return run_sim(events, o, std::string::npos).ooms;
+  };
+  return checked_min_capacity(options.config.sim_granularity, peak_requested(events), known_good,
+                              std::uint64_t{1} << 50, ooms_at);
+}
+
 }  // namespace cuarena::replay

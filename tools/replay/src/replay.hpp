@@ -13,6 +13,12 @@
 
 namespace cuarena::replay {
 
+/// One replay of --min-capacity's check: a capacity and the out-of-memory failures under it.
+struct CapacityProbe {
+  std::uint64_t capacity_bytes = 0;
+  std::uint64_t ooms = 0;
+};
+
 struct Result {
   std::string trace;
   std::string allocator;  ///< "recorded" or "cuarena"
@@ -22,6 +28,10 @@ struct Result {
   std::uint64_t peak_reserved_bytes = 0;
   double reserved_ratio = 0;
   std::optional<std::uint64_t> min_capacity_bytes;
+  /// --min-capacity's check of its answer (checked_min_capacity): the search's own answer and
+  /// the capacities above it replayed, with their failures.
+  std::optional<std::uint64_t> min_capacity_search_bytes;
+  std::vector<CapacityProbe> min_capacity_probes;
   double external_fragmentation = 0;  ///< at the moment of peak reserved
   std::uint64_t free_at_peak_bytes = 0;  ///< reserved but not allocated, at that moment
   std::uint64_t rounding_waste_bytes = 0;  ///< allocated - requested at that moment
@@ -92,5 +102,27 @@ std::optional<std::uint64_t> search_min_capacity(std::uint64_t step, std::uint64
 /// when nothing up to 2^50 bytes fits.
 std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& options,
                            std::uint64_t known_good);
+
+/// The capacities that check a search's answer: +2 MiB steps up to +16 MiB, +1% and +5%,
+/// each a multiple of `step` above `answer` (ascending, no repeats).
+std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t step);
+
+/// search_min_capacity() without trusting monotonicity, which a caching allocator need not have
+/// (a larger device can change its choices and fail where a smaller one succeeded). After the
+/// search, replays at probe_capacities() of its answer; the result is the smallest capacity
+/// probed (or searched) above which every probe fits. A probe that fails with nothing probed
+/// above it starts a new search above that probe (three rounds at most).
+struct CheckedMinCapacity {
+  std::optional<std::uint64_t> bytes;     ///< the answer; nullopt when nothing up to the ceiling fits
+  std::optional<std::uint64_t> searched;  ///< the binary search's first answer
+  std::vector<CapacityProbe> probes;      ///< every probe, in the order made
+};
+CheckedMinCapacity checked_min_capacity(std::uint64_t step, std::uint64_t floor,
+                                        std::uint64_t known_good, std::uint64_t ceiling,
+                                        const std::function<std::uint64_t(std::uint64_t)>& ooms_at);
+
+/// checked_min_capacity() for replay_cuarena on the simulator (what min_capacity() searches).
+CheckedMinCapacity min_capacity_checked(const std::vector<Event>& events, const SimOptions& options,
+                                        std::uint64_t known_good);
 
 }  // namespace cuarena::replay

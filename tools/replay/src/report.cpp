@@ -168,6 +168,12 @@ void write_json(const std::string& path, const std::vector<Result>& results) {
                         {"skipped_events", r.skipped_events},
                         {"elapsed_s", r.elapsed_s}};
     if (r.min_capacity_bytes) j["min_capacity_bytes"] = *r.min_capacity_bytes;
+    if (r.min_capacity_search_bytes) j["min_capacity_search_bytes"] = *r.min_capacity_search_bytes;
+    if (!r.min_capacity_probes.empty()) {
+      j["min_capacity_probes"] = nlohmann::json::array();
+      for (const CapacityProbe& p : r.min_capacity_probes)
+        j["min_capacity_probes"].push_back({{"capacity_bytes", p.capacity_bytes}, {"ooms", p.ooms}});
+    }
     if (r.latency_us) {
       const auto& l = *r.latency_us;
       j["alloc_us"] = {{"p50", l.alloc_p50}, {"p99", l.alloc_p99}, {"max", l.alloc_max}};
@@ -218,6 +224,10 @@ std::vector<Result> read_json(const std::string& path) {
       r.skipped_events = j.at("skipped_events");
       r.elapsed_s = j.at("elapsed_s");
       if (j.contains("min_capacity_bytes")) r.min_capacity_bytes = j["min_capacity_bytes"];
+      if (j.contains("min_capacity_search_bytes"))
+        r.min_capacity_search_bytes = j["min_capacity_search_bytes"];
+      for (const auto& p : j.value("min_capacity_probes", nlohmann::json::array()))
+        r.min_capacity_probes.push_back({p.at("capacity_bytes"), p.at("ooms")});
       if (j.contains("alloc_us")) {
         const auto& a = j["alloc_us"];
         const auto& f = j["free_us"];
