@@ -23,6 +23,13 @@ NATIVE_RESERVED = {  # shared/traces/README.md: reserved_bytes.all.peak under Py
 MiB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Each test converts into a cache of its own (not ~/.cache), so none sees another's."""
+    monkeypatch.setenv("CUARENA_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 def cli():
     path = os.environ.get("CUARENA_CLI") or str(REPO / "build" / "bin" / "cuarena")
     if not Path(path).exists():
@@ -510,3 +517,81 @@ def test_min_capacity_checks_its_answer_above_the_search(tmp_path):
     for capacity, fails in ((94 * M, False), (104 * M, True), (110 * M, False)):
         [at] = replay_json(tmp_path, path, "--allocator", "cuarena", "--capacity", capacity)
         assert (at["ooms"] > 0) == fails, capacity
+
+
+def run_env(*args, **env):
+    """run() with environment variables set (None: removed)."""
+    environ = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    return subprocess.run([cli(), *map(str, args)], capture_output=True, text=True, env=environ,
+                          timeout=600)
+
+
+def no_elapsed(results):
+    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in results]
+
+
+def test_converted_snapshots_are_cached_by_content(tmp_path, private_cache):
+    failing = tmp_path / "no_python.sh"  # stands in for Python: any conversion now fails
+    failing.write_text("#!/bin/sh\necho 'cuarena-trace: conversion attempted' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    trace = tmp_path / "snap.pickle.gz"
+    shutil.copy(TRACES / "bert_varlen_infer.pickle.gz", trace)
+    out = tmp_path / "out.json"
+    run("replay", trace, "--json", out, check=True)
+    first = json.loads(out.read_text())
+    [entry] = private_cache.iterdir()
+    assert entry.name.endswith(".cuat.gz") and len(entry.name.split("-")[0]) == 64
+    assert gzip.decompress(entry.read_bytes())[:8] == b"CUATRACE"
+    # The second load reads the cache in C++: no converter runs, and the results are the same.
+    proc = run_env("replay", trace, "--json", out, CUARENA_PYTHON=str(failing))
+    assert proc.returncode == 0, proc.stderr
+    assert no_elapsed(json.loads(out.read_text())["results"]) == no_elapsed(first["results"])
+    # The key is the content, not the name ...
+    renamed = tmp_path / "other_name.pickle.gz"
+    shutil.copy(trace, renamed)
+    assert run_env("replay", renamed, CUARENA_PYTHON=str(failing)).returncode == 0
+    # ... so a changed file converts again.
+    changed = tmp_path / "changed.pickle"
+    changed.write_bytes(gzip.decompress(trace.read_bytes()))
+    proc = run_env("replay", changed, CUARENA_PYTHON=str(failing))
+    assert proc.returncode == 2 and "conversion attempted" in proc.stderr
+    assert not list(private_cache.glob("*.XXXXXX")) and not list(private_cache.glob("*.cuat.gz.*"))
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "flipped_byte", "empty"])
+def test_a_corrupt_cache_entry_is_ignored_and_rewritten(tmp_path, private_cache, damage):
+    failing = tmp_path / "no_python.sh"
+    failing.write_text("#!/bin/sh\nexit 3\n")
+    failing.chmod(0o755)
+    trace = TRACES / "resnet50_amp.pickle.gz"
+    good = replay_json(tmp_path, trace)
+    [entry] = private_cache.iterdir()
+    data = entry.read_bytes()
+    entry.write_bytes({"garbage": b"not a trace at all",
+                       "truncated": data[: len(data) // 2],
+                       "flipped_byte": data[:5000] + bytes([data[5000] ^ 0x40]) + data[5001:],
+                       "empty": b""}[damage])
+    # The damaged entry is not used: without a converter the load fails ...
+    assert run_env("replay", trace, CUARENA_PYTHON=str(failing)).returncode == 2
+    # ... with one, it converts again, gives the same results and rewrites the entry.
+    assert no_elapsed(replay_json(tmp_path, trace)) == no_elapsed(good)
+    assert entry.read_bytes() == data
+    assert run_env("replay", trace, CUARENA_PYTHON=str(failing)).returncode == 0
+
+
+def test_cache_location_and_switching_it_off(tmp_path):
+    trace = TRACES / "bert_varlen_infer.pickle.gz"
+    home, xdg = tmp_path / "home", tmp_path / "xdg"
+    assert run_env("replay", trace, CUARENA_CACHE_DIR=None, XDG_CACHE_HOME=None,
+                   HOME=str(home)).returncode == 0
+    assert len(list((home / ".cache" / "cuarena").glob("*.cuat.gz"))) == 1
+    assert run_env("replay", trace, CUARENA_CACHE_DIR=None, XDG_CACHE_HOME=str(xdg),
+                   HOME=str(home)).returncode == 0
+    assert len(list((xdg / "cuarena").glob("*.cuat.gz"))) == 1
+    # CUARENA_CACHE_DIR= (empty) turns the cache off: nothing written, every load converts.
+    off = tmp_path / "off_home"
+    assert run_env("replay", trace, CUARENA_CACHE_DIR="", XDG_CACHE_HOME=None,
+                   HOME=str(off)).returncode == 0
+    assert not off.exists()
+    # An unwritable cache is no error: the replay goes on without it.
+    assert run_env("replay", trace, CUARENA_CACHE_DIR="/proc/no/such/dir").returncode == 0

@@ -7,6 +7,7 @@
 #include "cuarena/allocator.hpp"
 #include "cuarena/sim_backend.hpp"
 #include "replay.hpp"
+#include "sha256.hpp"
 #include "trace.hpp"
 
 using namespace cuarena;
@@ -88,6 +89,32 @@ INSTANTIATE_TEST_SUITE_P(Traces, RealTrace, ::testing::ValuesIn(kTraces),
                          });
 
 constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
+
+// FIPS 180-4's examples, and lengths around the 56- and 64-byte padding boundaries against
+// digests from Python's hashlib.
+TEST(Sha256, KnownAnswers) {
+  auto sha = [](const std::string& s, std::size_t chunk = 1 << 20) {
+    Sha256 h;
+    for (std::size_t i = 0; i < s.size(); i += chunk) h.update(s.data() + i, std::min(chunk, s.size() - i));
+    return h.hex();
+  };
+  EXPECT_EQ(sha(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(sha(std::string(1000000, 'a'), 777),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  const std::pair<std::size_t, const char*> xs[] = {
+      {55, "d5e285683cd4efc02d021a5c62014694958901005d6f71e89e0989fac77e4072"},
+      {56, "04c26261370ee7541549d16dee320c723e3fd14671e66a099afe0a377c16888e"},
+      {63, "75220b47218278e656f2013bb8f0c455a25eaf01e86c64924e9d48d89776d6f2"},
+      {64, "7ce100971f64e7001e8fe5a51973ecdfe1ced42befe7ee8d5fd6219506b5393c"},
+      {65, "9537c5fdf120482f7d58d25e9ed583f52c02b4e304ea814db1633ad565aed7e9"}};
+  for (const auto& [n, digest] : xs) {
+    EXPECT_EQ(sha(std::string(n, 'x')), digest) << n;
+    EXPECT_EQ(sha(std::string(n, 'x'), 7), digest) << n;
+  }
+}
 
 TEST(MinCapacityCheck, ProbesAreTwoMiBStepsToSixteenAndOneAndFivePercent) {
   const std::vector<std::uint64_t> p = probe_capacities(2000 * MiB, 2 * MiB);

@@ -1,6 +1,7 @@
 #include "trace.hpp"
 
 #include "process.hpp"
+#include "sha256.hpp"
 
 #include "cuarena/config.hpp"
 
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <vector>
 
 namespace cuarena::replay {
 
@@ -96,6 +98,54 @@ int run_converter(const std::string& in, const std::string& out, std::string& er
   } catch (const std::runtime_error& e) {
     fail(in, std::string("cannot run the trace converter: ") + e.what());
   }
+}
+
+// The converted-trace cache: $CUARENA_CACHE_DIR (set but empty: no cache), else
+// $XDG_CACHE_HOME/cuarena (an absolute path, as the XDG spec requires), else ~/.cache/cuarena.
+std::string cache_dir() {
+  if (const char* d = std::getenv("CUARENA_CACHE_DIR")) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && x[0] == '/')
+    return std::string(x) + "/cuarena";
+  if (const char* h = std::getenv("HOME"); h && h[0] != '\0') return std::string(h) + "/.cache/cuarena";
+  return "";
+}
+
+// Where `path`'s converted events are cached: keyed by the SHA-256 of its content (its name and
+// time do not matter) and of the converter script (a changed converter converts again); "" when
+// the cache is off or either cannot be read.
+std::string cache_entry(const std::string& path) {
+  const std::string dir = cache_dir();
+  if (dir.empty()) return "";
+  const std::string input = sha256_file(path), script = sha256_file(converter_script());
+  if (input.empty() || script.empty()) return "";
+  return dir + "/" + input + "-" + script.substr(0, 16) + ".cuat.gz";
+}
+
+// Stores the converted `cuat` file as the cache entry `entry`, gzip-compressed (whose CRC lets a
+// damaged entry be noticed): written beside it under a unique name and renamed into place, so a
+// reader sees a whole entry or none. Best effort: a cache that cannot be written is skipped.
+void store_in_cache(const std::string& cuat, const std::string& entry) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(entry).parent_path(), ec);
+  std::string tmp = entry + ".XXXXXX";
+  const int fd = mkstemp(tmp.data());
+  if (fd < 0) return;
+  gzFile out = gzdopen(fd, "wb1");
+  if (out == nullptr) {
+    close(fd);
+    std::remove(tmp.c_str());
+    return;
+  }
+  std::ifstream in(cuat, std::ios::binary);
+  std::vector<char> buf(1 << 20);
+  bool ok = bool(in);
+  while (ok && in) {
+    in.read(buf.data(), std::streamsize(buf.size()));
+    const auto n = unsigned(in.gcount());
+    ok = n == 0 || gzwrite(out, buf.data(), n) == int(n);
+  }
+  ok = gzclose(out) == Z_OK && ok && !in.bad();
+  if (!ok || std::rename(tmp.c_str(), entry.c_str()) != 0) std::remove(tmp.c_str());
 }
 
 }  // namespace
@@ -201,6 +251,17 @@ void write_cuat(const std::string& path, const std::vector<Event>& events) {
 
 std::vector<Event> load_trace(const std::string& path) {
   if (is_cuat(path)) return read_cuat(path);
+  // Converted before (same content, same converter): read the cached form, no Python. An entry
+  // that does not read back whole (truncated, corrupt, not a trace) is dropped and rewritten.
+  const std::string entry = cache_entry(path);
+  std::error_code ec;
+  if (!entry.empty() && std::filesystem::exists(entry, ec)) {
+    try {
+      return read_cuat(entry, path);
+    } catch (const TraceError&) {
+      std::remove(entry.c_str());
+    }
+  }
   char tmpl[] = "/tmp/cuarena-trace-XXXXXX";
   const int fd = mkstemp(tmpl);
   if (fd < 0) fail(path, "cannot create a temporary file for conversion");
@@ -232,6 +293,7 @@ std::vector<Event> load_trace(const std::string& path) {
     std::remove(tmp.c_str());
     throw;
   }
+  if (!entry.empty()) store_in_cache(tmp, entry);
   std::remove(tmp.c_str());
   return events;
 }
