@@ -15,6 +15,7 @@
 #include "cuarena/errors.hpp"
 #include "process.hpp"
 #include "report.hpp"
+#include "torch_sim.hpp"
 #ifdef CUARENA_HAVE_CUDA
 #include "gpu_capacity.hpp"
 #include "gpu_replay.hpp"
@@ -46,6 +47,7 @@ struct ReplayArgs {
   bool verify = false;
   int device = 0;
   std::string config;
+  std::string torch_conf;
   std::string json;
 };
 
@@ -188,9 +190,13 @@ int run_replay(ReplayArgs a) {
     }
   }
   for (const auto& name : a.allocators) {
-    if (name != "recorded" && name != "cuarena" && !gpu)
+    if (is_torch_sim(name) && !on_sim)
+      throw ConfigError("--allocator " + name + " needs --backend sim");
+    if (name != "recorded" && name != "cuarena" && !is_torch_sim(name) && !gpu)
       throw ConfigError("--allocator " + name + " needs --backend cuda");
   }
+  check_torch_conf(a.torch_conf, a.allocators);
+  sim.torch_conf = a.torch_conf;
   if (a.verify && !gpu) throw ConfigError("--verify needs --backend cuda (it tags real memory)");
   if (gpu) {
 #ifdef CUARENA_HAVE_CUDA
@@ -270,7 +276,9 @@ int run_replay(ReplayArgs a) {
             if (a.min_capacity) sim_min_capacity(r, ev, sim, notes, trace_name(path), label);
             rows.push_back(std::move(r));
           }
-          if (gpu) {
+          if (is_torch_sim(allocator))  // CPU models of PyTorch's allocator, on the simulator
+            rows.push_back(replay_torch_sim_row(allocator, ev, sim, a.min_capacity));
+          if (gpu && !is_torch_sim(allocator)) {
             try {
               rows.push_back(replay_one_gpu(path, ev, allocator, a, sim.config, explicit_allocators));
             } catch (const std::runtime_error& e) {  // report, go on with the other allocators
@@ -320,9 +328,12 @@ int main(int argc, char** argv) {
   replay->add_option("TRACE", ra.traces, "Trace files")->required();
   std::set<std::string> allocator_names = {"recorded"};
   allocator_names.insert(kGpuAllocators.begin(), kGpuAllocators.end());
+  allocator_names.insert({"torch-native-sim", "torch-expandable-sim"});
   replay
       ->add_option("--allocator", ra.allocators,
-                   "Allocators: recorded, cuarena; with --backend cuda also cuarena-async, "
+                   "Allocators: recorded, cuarena; on --backend sim also torch-native-sim, "
+                   "torch-expandable-sim (CPU models of PyTorch's allocator); with --backend cuda "
+                   "also cuarena-async, "
                    "cuarena-malloc (cuarena over upstream async / malloc; cuarena uses the "
                    "configured upstream), torch-native, torch-expandable, torch-async (PyTorch, "
                    "if built with it), cuda-malloc, cuda-async, cub, rmm-pool, rmm-arena (if "
@@ -349,6 +360,10 @@ int main(int argc, char** argv) {
   replay->add_option("--device", ra.device, "GPU: CUDA device ordinal (default 0)");
   replay->add_option("--config", ra.config,
                      "Allocator options, key:value,... (default: $CUARENA_CONF)");
+  replay->add_option("--torch-conf", ra.torch_conf,
+                     "Settings of the torch-*-sim rows in PYTORCH_CUDA_ALLOC_CONF syntax: "
+                     "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, "
+                     "garbage_collection_threshold (needs --capacity), expandable_segments");
   replay->add_option("--json", ra.json, "Also write the results as JSON to this file");
 
   std::string conv_in, conv_out;

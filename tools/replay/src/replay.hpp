@@ -80,6 +80,7 @@ Result replay_recorded(const std::vector<Event>& events);
 struct SimOptions {
   Config config;
   std::size_t capacity = 0;  ///< bytes; 0: config.sim_capacity or the recorded H200's
+  std::string torch_conf{};  ///< PYTORCH_CUDA_ALLOC_CONF-style settings of the torch-*-sim rows
 };
 
 /// The simulated device's bytes under `options` (--capacity, else sim_capacity, else the
