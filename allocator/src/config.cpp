@@ -259,7 +259,7 @@ std::size_t parse_size(std::string_view text, std::string_view what) {
     if (name == unit) scale = factor;
   }
   if (scale == 0)
-    return fail("unknown unit \"" + unit +
+    return fail("unknown unit \"" + quoted(unit) +
                 "\": use bytes, or B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB "
                 "(powers of 1024), e.g. 80GB or 80GiB");
   char* end = nullptr;

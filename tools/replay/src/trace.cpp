@@ -165,8 +165,15 @@ std::vector<Event> read_cuat(const std::string& file, const std::string& path) {
   if (version != kVersion) fail(path, "unsupported cuarena trace version " + std::to_string(version));
   if (record_size != kRecordSize) fail(path, "unexpected record size " + std::to_string(record_size));
   if (count > (std::uint64_t{1} << 34)) fail(path, "implausible event count " + std::to_string(count));
+  // Room for what the file can hold, not what its header claims (32 bytes may claim 2^34
+  // events): an uncompressed file's size bounds it; a gzipped one grows the vector past 2^20.
+  std::uint64_t room = std::min<std::uint64_t>(count, 1u << 20);
+  std::error_code size_ec;
+  const std::uint64_t file_bytes = std::filesystem::file_size(file, size_ec);
+  if (gzdirect(f.get()) && !size_ec)
+    room = std::min<std::uint64_t>(count, file_bytes > 32 ? (file_bytes - 32) / kRecordSize : 0);
   std::vector<Event> events;
-  events.reserve(std::size_t(std::min<std::uint64_t>(count, 1u << 24)));
+  events.reserve(std::size_t(room));
   std::vector<unsigned char> buf(kRecordSize * 4096);
   std::uint64_t left = count;
   while (left > 0) {
