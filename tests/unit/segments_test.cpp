@@ -28,9 +28,14 @@ Totals check_tiling(const Allocator& a) {
       EXPECT_EQ(b.addr, pos) << "pieces must tile the segment";
       EXPECT_GT(b.size, 0u);
       pos += b.size;
-      if (b.state == State::kAllocated) t.allocated += b.size, t.requested += b.requested;
+      if (b.state == State::kAllocated) {
+        t.allocated += b.size;
+        t.requested += b.requested;
+      }
       if (b.state == State::kPendingFree) t.pending += b.size;
-      if (b.state == State::kInactive) EXPECT_EQ(b.requested, 0u);
+      if (b.state == State::kInactive) {
+        EXPECT_EQ(b.requested, 0u);
+      }
     }
     EXPECT_EQ(pos, seg.addr + seg.size);
     t.segments += seg.size;
