@@ -20,24 +20,13 @@ namespace cuarena::replay {
 
 namespace {
 
-constexpr char kMagic[8] = {'C', 'U', 'A', 'T', 'R', 'A', 'C', 'E'};
-constexpr std::uint32_t kVersion = 1;
-constexpr std::uint32_t kRecordSize = 40;
+using cuat::kMagic;
+using cuat::kRecordSize;
+using cuat::kVersion;
+using cuat::load_le;
 
 [[noreturn]] void fail(const std::string& path, const std::string& problem) {
   throw TraceError(path + ": " + problem);
-}
-
-template <class T>
-T load_le(const unsigned char* p) {
-  T v = 0;
-  for (std::size_t i = 0; i < sizeof(T); ++i) v |= T(p[i]) << (8 * i);
-  return v;
-}
-
-template <class T>
-void store_le(unsigned char* p, T v) {
-  for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<unsigned char>(std::uint64_t(v) >> (8 * i));
 }
 
 struct GzCloser {
@@ -217,43 +206,11 @@ std::vector<Event> read_cuat(const std::string& file, const std::string& path) {
 }
 
 void write_cuat(const std::string& path, const std::vector<Event>& events) {
-  // A regular file (or a new one) is written beside it and renamed into place, so a failed
-  // write leaves no partial trace; anything else (a device such as /dev/stdout) is written
-  // directly. Either way every write, the flush and the close are checked.
-  std::error_code ec;
-  const bool regular = !std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec);
-  const std::string target = regular ? path + ".partial" : path;
-  std::ofstream out(target, std::ios::binary);
-  if (!out) throw TraceError(path + ": cannot open for writing: " + std::strerror(errno));
-  auto failed = [&](const char* what) {
-    const std::string why = std::strerror(errno);
-    out.close();
-    if (regular) std::remove(target.c_str());
-    throw TraceError(path + ": " + what + " failed: " + why + " (nothing written)");
-  };
-  unsigned char header[32] = {};
-  std::memcpy(header, kMagic, sizeof kMagic);
-  store_le<std::uint32_t>(header + 8, kVersion);
-  store_le<std::uint32_t>(header + 12, kRecordSize);
-  store_le<std::uint64_t>(header + 16, events.size());
-  out.write(reinterpret_cast<const char*>(header), sizeof header);
-  for (const Event& e : events) {
-    unsigned char r[kRecordSize] = {};
-    r[0] = static_cast<unsigned char>(e.action);
-    store_le<std::uint16_t>(r + 2, e.device);
-    store_le<std::uint64_t>(r + 8, e.stream);
-    store_le<std::uint64_t>(r + 16, e.addr);
-    store_le<std::uint64_t>(r + 24, e.size);
-    store_le<std::int64_t>(r + 32, e.time_us);
-    out.write(reinterpret_cast<const char*>(r), sizeof r);
-    if (!out) failed("write");
+  try {
+    cuat::write(path, events);
+  } catch (const cuat::WriteError& e) {
+    throw TraceError(e.what());
   }
-  errno = 0;
-  out.flush();
-  if (!out) failed("write");
-  out.close();
-  if (!out) failed("close");
-  if (regular && std::rename(target.c_str(), path.c_str()) != 0) failed("rename");
 }
 
 std::vector<Event> load_trace(const std::string& path) {

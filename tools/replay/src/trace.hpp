@@ -8,29 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "cuarena/cuat.hpp"
+
 namespace cuarena::replay {
 
-enum class Action : std::uint8_t {
-  kAlloc = 0,
-  kFreeRequested = 1,
-  kFreeCompleted = 2,
-  kSegmentAlloc = 3,
-  kSegmentFree = 4,
-  kSegmentMap = 5,
-  kSegmentUnmap = 6,
-  kOom = 7,
-  kSnapshot = 8,
-  kOther = 255,
-};
-
-struct Event {
-  Action action;
-  std::uint16_t device;
-  std::uint64_t stream;
-  std::uint64_t addr;
-  std::uint64_t size;
-  std::int64_t time_us;
-};
+using Action = cuat::Action;
+using Event = cuat::Event;
 
 /// A trace that could not be read; what() is one line naming the file and the problem.
 class TraceError : public std::runtime_error {

@@ -12,7 +12,7 @@
 
 #include "cuarena/errors.hpp"
 #include "driver_api.hpp"
-#include "runtime.hpp"
+#include "context.hpp"
 
 namespace cuarena::cuda_ipc {
 

@@ -5,7 +5,9 @@
 #include <string>
 
 #include "cuarena/errors.hpp"
-#include "runtime.hpp"
+#include "context.hpp"
+#include "events.hpp"
+#include "runtime_check.hpp"
 
 namespace cuarena {
 
@@ -37,8 +39,7 @@ bool out_of_memory(cudaError_t err) {
 
 CudaSegmentBackend::CudaSegmentBackend(int device, std::size_t capacity)
     : impl_(std::make_unique<Impl>(device)) {
-  DeviceGuard guard(device);
-  check_rt(cudaFree(nullptr), "cudaFree(nullptr) (context initialisation)");
+  DeviceGuard guard(device);  // initialises the driver and the primary context
   std::size_t free_bytes = 0, total_bytes = 0;
   cuda::mem_info(device, free_bytes, total_bytes);
   impl_->capacity = capacity ? capacity : total_bytes;

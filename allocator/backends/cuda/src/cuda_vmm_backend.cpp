@@ -1,7 +1,6 @@
 #include "cuarena/cuda_vmm_backend.hpp"
 
 #include <cuda.h>
-#include <cuda_runtime_api.h>
 
 #include <map>
 #include <string>
@@ -12,18 +11,19 @@
 #include <unistd.h>
 
 #include "cuarena/errors.hpp"
+#include "context.hpp"
 #include "driver_api.hpp"
-#include "runtime.hpp"
+#include "events.hpp"
 
 namespace cuarena {
 
-using cuda::check_rt;
 using cuda::DeviceGuard;
 
 struct CudaVmmBackend::Impl {
-  explicit Impl(int d) : device(d), events(d, log) {}
+  Impl(int d, CUcontext c) : device(d), context(c), events(d, log, c) {}
   const cuda::DriverApi& api = cuda::DriverApi::get();
   int device = 0;
+  CUcontext context = nullptr;  // null: the device's primary context
   cuda::CallLog log;  // before events, which time into it
   cuda::EventPool events;
   std::size_t granule = 0;
@@ -52,18 +52,11 @@ struct CudaVmmBackend::Impl {
   }
 };
 
-CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity)
-    : impl_(std::make_unique<Impl>(device)) {
+CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity, void* context)
+    : impl_(std::make_unique<Impl>(device, static_cast<CUcontext>(context))) {
   Impl& m = *impl_;
-  DeviceGuard guard(device);
-  check_rt(cudaFree(nullptr), "cudaFree(nullptr) (context initialisation)");
-  int vmm = 0;
-  // The runtime has no name for this attribute; its number is the driver's.
-  check_rt(cudaDeviceGetAttribute(
-               &vmm, static_cast<cudaDeviceAttr>(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
-               device),
-           "cudaDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
-  if (!vmm) {
+  DeviceGuard guard(device, m.context);  // initialises the driver and the primary context
+  if (!cuda::device_attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device)) {
     throw BackendError("cuarena: device " + std::to_string(device) +
                        " does not support virtual memory management; use upstream:malloc");
   }
@@ -76,13 +69,7 @@ CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity)
               "cuMemGetAllocationGranularity");
   // Exportable memory (CUDA IPC, torch.multiprocessing) where the device can: one trial
   // allocation tells, since a sandbox may refuse the handle type the attribute promises.
-  int fd_ok = 0;
-  check_rt(cudaDeviceGetAttribute(
-               &fd_ok,
-               static_cast<cudaDeviceAttr>(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED),
-               device),
-           "cudaDeviceGetAttribute(HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)");
-  if (fd_ok) {
+  if (cuda::device_attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device)) {
     m.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     CUmemGenericAllocationHandle probe = 0;
     if (m.api.mem_create(&probe, m.granule, &m.prop, 0) == CUDA_SUCCESS) {
@@ -93,12 +80,12 @@ CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity)
     }
   }
   std::size_t free_bytes = 0, total_bytes = 0;
-  cuda::mem_info(device, free_bytes, total_bytes);
+  cuda::mem_info(device, free_bytes, total_bytes, m.context);
   m.capacity = capacity ? capacity : total_bytes;
 }
 
 CudaVmmBackend::~CudaVmmBackend() {
-  DeviceGuard guard(impl_->device);
+  DeviceGuard guard(impl_->device, impl_->context);
   for (auto& [h, fd] : impl_->exported) ::close(fd);
   for (auto& [id, c] : impl_->chunks) {  // the core releases its chunks; this is a backstop
     for (auto h : c.handles) impl_->api.mem_release(h);
@@ -263,7 +250,7 @@ std::vector<CudaBackend::ExportPiece> CudaVmmBackend::export_range(DevicePtr va,
                        " cannot export memory as file descriptors, so it cannot be shared with "
                        "another process (CUDA IPC)");
   }
-  DeviceGuard guard(m.device);
+  DeviceGuard guard(m.device, m.context);
   std::vector<ExportPiece> out;
   for (std::size_t done = 0; done < bytes;) {
     const DevicePtr at = va + done;

@@ -1,6 +1,6 @@
 #include "driver_api.hpp"
 
-#include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include "cuarena/errors.hpp"
 
@@ -8,21 +8,42 @@ namespace cuarena::cuda {
 
 namespace {
 
+using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult*);
+
+// The default: libcuda.so.1's own cuGetProcAddress (the library is loaded once per process, so
+// this finds the same driver any runtime in the process uses).
+void* driver_resolve(const char* symbol, int cuda_version, std::uint64_t flags) {
+  static const GetProcAddress get_proc = []() -> GetProcAddress {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return nullptr;
+    return reinterpret_cast<GetProcAddress>(dlsym(lib, "cuGetProcAddress_v2"));
+  }();
+  if (get_proc == nullptr) return nullptr;
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  if (get_proc(symbol, &fn, cuda_version, flags, &status) != CUDA_SUCCESS ||
+      status != CU_GET_PROC_ADDRESS_SUCCESS)
+    return nullptr;
+  return fn;
+}
+
+DriverResolver g_resolver = driver_resolve;
+
 template <class Fn>
 void resolve(Fn& fn, const char* symbol) {
-  void* ptr = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  // 12000: the ABI of these entry points has not changed since CUDA 12.0.
-  const cudaError_t err =
-      cudaGetDriverEntryPointByVersion(symbol, &ptr, 12000, cudaEnableDefault, &status);
-  if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || ptr == nullptr) {
+  // 12000: the ABI of these entry points has not changed since CUDA 12.0. Legacy-stream
+  // semantics: stream 0 is the legacy default stream, as for the runtime's callers.
+  fn = reinterpret_cast<Fn>(g_resolver(symbol, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM));
+  if (fn == nullptr) {
     throw BackendError(std::string("cuarena: driver entry point ") + symbol +
-                       " not available: " + cudaGetErrorString(err));
+                       " not available (is libcuda.so.1, the NVIDIA driver, installed?)");
   }
-  fn = reinterpret_cast<Fn>(ptr);
 }
 
 }  // namespace
+
+void set_driver_resolver(DriverResolver resolver) { g_resolver = resolver ? resolver : driver_resolve; }
 
 const DriverApi& DriverApi::get() {
   static const DriverApi api = [] {
@@ -39,6 +60,18 @@ const DriverApi& DriverApi::get() {
     resolve(a.retain_handle, "cuMemRetainAllocationHandle");
     resolve(a.export_handle, "cuMemExportToShareableHandle");
     resolve(a.import_handle, "cuMemImportFromShareableHandle");
+    resolve(a.init, "cuInit");
+    resolve(a.device_get, "cuDeviceGet");
+    resolve(a.device_attribute, "cuDeviceGetAttribute");
+    resolve(a.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+    resolve(a.ctx_get_current, "cuCtxGetCurrent");
+    resolve(a.ctx_set_current, "cuCtxSetCurrent");
+    resolve(a.mem_get_info, "cuMemGetInfo");
+    resolve(a.event_create, "cuEventCreate");
+    resolve(a.event_record, "cuEventRecord");
+    resolve(a.event_query, "cuEventQuery");
+    resolve(a.event_synchronize, "cuEventSynchronize");
+    resolve(a.event_destroy, "cuEventDestroy");
     return a;
   }();
   return api;

@@ -4,10 +4,10 @@
 // memory, granularity from cuMemGetAllocationGranularity): cuMemMap maps only whole handles and
 // cuMemUnmap unmaps only whole mappings, while the core maps, aliases and unmaps single
 // granules. A whole chunk (create_whole_physical) is one handle, which the core maps whole. Virtual ranges come from cuMemAddressReserve; one cuMemSetAccess covers each mapped
-// run. Driver entry points are
-// looked up through cudaGetDriverEntryPointByVersion: nothing links libcuda, so an LD_PRELOAD
-// shim cannot recurse into itself. Events are cudaEvent_t with timing disabled, pooled and
-// reused; a StreamId is a cudaStream_t cast to an integer.
+// run. It uses the driver API alone (no CUDA runtime), with entry points resolved at run time
+// (driver_api.hpp): nothing links libcuda or libcudart, so the LD_PRELOAD shim can build on it
+// and never recurses into its own hooks. Events are CUevents with timing disabled, pooled and
+// reused; a StreamId is a CUstream (= cudaStream_t) cast to an integer.
 //
 // Errors: a failed driver call throws BackendError naming the call, its arguments and the
 // driver's message; out-of-memory from cuMemCreate is reported as 0 (the core then
@@ -24,9 +24,11 @@ namespace cuarena {
 
 class CudaVmmBackend final : public CudaBackend {
  public:
-  /// Serves CUDA device `device`. `capacity` bytes (0: the device's total memory). Throws
-  /// BackendError when the device or driver lacks VMM support.
-  explicit CudaVmmBackend(int device, std::size_t capacity = 0);
+  /// Serves CUDA device `device`. `capacity` bytes (0: the device's total memory). `context` is
+  /// the CUcontext whose streams events are recorded on and whose calls are made in (null: the
+  /// device's primary context, the runtime's). Throws BackendError when the device or driver
+  /// lacks VMM support.
+  explicit CudaVmmBackend(int device, std::size_t capacity = 0, void* context = nullptr);
   ~CudaVmmBackend() override;
 
   std::size_t granularity() const override;

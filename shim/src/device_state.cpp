@@ -1,0 +1,215 @@
+#include "device_state.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cuarena/cuda_ipc.hpp"
+#include "cuarena/errors.hpp"
+#include "real_driver.hpp"
+
+namespace cuarena::shim {
+
+namespace {
+/// Makes `context` current for a scope (the hooks run in the caller's context, usually this one).
+class ContextScope {
+ public:
+  explicit ContextScope(CUcontext context) {
+    const RealDriver& d = RealDriver::get();
+    if (d.ctx_get_current(&previous_) == CUDA_SUCCESS && previous_ != context)
+      switched_ = d.ctx_set_current(context) == CUDA_SUCCESS;
+  }
+  ~ContextScope() {
+    if (switched_) RealDriver::get().ctx_set_current(previous_);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;
+  bool switched_ = false;
+};
+}  // namespace
+
+DeviceState::DeviceState(CUcontext context, int device, const ShimConfig& config, TraceRecorder* trace)
+    : context_(context),
+      device_(device),
+      pending_limit_(config.pending_free_bytes),
+      trace_(trace),
+      backend_(device, config.memory_limit, context),
+      alloc_(backend_, config.core) {}
+
+void* DeviceState::allocate(std::size_t bytes, StreamId stream) {
+  settle_frees();
+  try {
+    return alloc_.allocate(bytes, stream);
+  } catch (const OutOfMemoryError&) {
+  }
+  // Out of memory: every free the program made is memory it may count on.
+  drain_frees();
+  return alloc_.allocate(bytes, stream);
+}
+
+std::optional<Allocator::BlockInfo> DeviceState::find(DevicePtr ptr) const {
+  std::optional<Allocator::BlockInfo> b = alloc_.find(reinterpret_cast<void*>(ptr));
+  if (b && outstanding_.load(std::memory_order_acquire) != 0) {
+    std::lock_guard lock(mu_);
+    if (fences_.waiting(ptr)) return std::nullopt;
+  }
+  return b;
+}
+
+bool DeviceState::free_sync(DevicePtr ptr, const Allocator::BlockInfo& block) {
+  std::lock_guard lock(mu_);
+  if (!fences_.defer(ptr, block.size)) return false;
+  forget(ptr);
+  outstanding_.store(fences_.outstanding_bytes(), std::memory_order_release);
+  // Batches close at a quarter of the pending budget, so about four fences are in flight.
+  if (fences_.open_bytes() >= pending_limit_ / 4 || fences_.open_count() >= 4096) close_batch();
+  return true;
+}
+
+void DeviceState::free_async(DevicePtr ptr, const Allocator::BlockInfo& block, StreamId stream) {
+  if (has_records_.load(std::memory_order_acquire)) {
+    std::lock_guard lock(mu_);
+    forget(ptr);
+  }
+  void* p = reinterpret_cast<void*>(ptr);
+  // Freed on another stream than it was allocated on: reusable once that stream's work before
+  // the free is done (cuarena then records and waits for an event there).
+  if (stream != block.stream) alloc_.record_stream(p, stream);
+  alloc_.deallocate(p);
+  if (trace_) trace_->record(cuat::Action::kFreeCompleted, device_, block.stream, ptr, block.requested);
+}
+
+void DeviceState::add_stream(CUstream stream) {
+  std::lock_guard lock(mu_);
+  streams_.add(stream);
+}
+
+void DeviceState::retire_stream(CUstream stream) {
+  std::lock_guard lock(mu_);
+  ContextScope scope(context_);
+  streams_.retire(stream);
+}
+
+void DeviceState::settle_frees() {
+  if (outstanding_.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard lock(mu_);
+  std::vector<FenceQueue::Freed> freed;
+  fences_.take_completed(freed);
+  // Over budget: wait for the oldest fences, closing the open batch if it is all there is.
+  while (fences_.outstanding_bytes() > pending_limit_) {
+    if (!fences_.has_closed() && !close_batch()) break;
+    fences_.wait_oldest(freed);
+  }
+  release(freed);
+}
+
+void DeviceState::drain_frees() {
+  std::lock_guard lock(mu_);
+  std::vector<FenceQueue::Freed> freed;
+  close_batch();
+  while (fences_.wait_oldest(freed)) {
+  }
+  release(freed);
+}
+
+bool DeviceState::close_batch() {
+  if (fences_.open_count() == 0) return true;
+  ContextScope scope(context_);
+  std::vector<FenceEvent> events;
+  if (!streams_.record_fence(events)) return false;  // a capture is under way: later
+  fences_.close(std::move(events));
+  return true;
+}
+
+void DeviceState::release(std::vector<FenceQueue::Freed>& freed) {
+  for (const FenceQueue::Freed& f : freed) {
+    std::optional<Allocator::BlockInfo> b;
+    if (trace_) b = alloc_.find(reinterpret_cast<void*>(f.ptr));
+    alloc_.deallocate(reinterpret_cast<void*>(f.ptr));
+    if (b) trace_->record(cuat::Action::kFreeCompleted, device_, b->stream, f.ptr, b->requested);
+  }
+  outstanding_.store(fences_.outstanding_bytes(), std::memory_order_release);
+}
+
+void DeviceState::forget(DevicePtr ptr) {
+  if (!has_records_.load(std::memory_order_relaxed)) return;
+  ids_.erase(ptr);
+  exports_.erase(ptr);
+  has_records_.store(!ids_.empty() || !exports_.empty(), std::memory_order_release);
+}
+
+void DeviceState::mem_info(std::size_t& free_bytes, std::size_t& total_bytes) {
+  const RealDriver& d = RealDriver::get();
+  std::size_t real_free = 0, real_total = 0;
+  {
+    ContextScope scope(context_);
+    const CUresult r = d.mem_get_info(&real_free, &real_total);
+    if (r != CUDA_SUCCESS) throw BackendError("cuarena shim: cuMemGetInfo failed (CUresult " + std::to_string(int(r)) + ")");
+  }
+  const Stats st = alloc_.stats();
+  const auto all = std::size_t(Pool::kAll);
+  const std::size_t reserved = std::size_t(st.reserved_bytes[all].current);
+  const std::size_t allocated = std::size_t(st.allocated_bytes[all].current);
+  const std::size_t pending = std::min(outstanding_.load(std::memory_order_acquire), allocated);
+  const std::size_t in_use = allocated - pending;  // what the program still holds
+  free_bytes = real_free + (reserved - std::min(reserved, in_use));
+  total_bytes = real_total;
+  const std::size_t limit = alloc_.memory_limit();
+  if (limit < real_total) {
+    total_bytes = limit;
+    free_bytes = std::min(free_bytes, limit - std::min(limit, in_use));
+  }
+}
+
+DeviceState::Lookup DeviceState::range(DevicePtr ptr, DevicePtr& base, std::size_t& size) const {
+  if (std::optional<Allocator::BlockInfo> b = find(ptr)) {
+    base = ptr;
+    size = b->requested;
+    return Lookup::kFound;
+  }
+  if (!alloc_.owns(reinterpret_cast<void*>(ptr))) return Lookup::kNotOurs;
+  // An interior pointer: O(live allocations), for the rare callers that ask (IPC, NCCL).
+  for (const Allocator::BlockInfo& b : alloc_.live_blocks()) {
+    if (b.ptr <= ptr && ptr < b.ptr + b.requested && find(b.ptr)) {
+      base = b.ptr;
+      size = b.requested;
+      return Lookup::kFound;
+    }
+    if (b.ptr > ptr) break;
+  }
+  return Lookup::kNotLive;
+}
+
+std::uint64_t DeviceState::buffer_id(DevicePtr base) {
+  std::lock_guard lock(mu_);
+  auto [it, fresh] = ids_.try_emplace(base, 0);
+  if (fresh) it->second = (std::uint64_t{1} << 63) | next_id_++;
+  has_records_.store(true, std::memory_order_release);
+  return it->second;
+}
+
+const std::string& DeviceState::ipc_record(DevicePtr base, const Allocator::BlockInfo& block,
+                                           std::size_t& offset) {
+  const std::size_t g = backend_.granularity();
+  const DevicePtr start = base / g * g;
+  const std::size_t span = round_up(base + block.size, g) - start;
+  offset = base - start;
+  std::lock_guard lock(mu_);
+  std::unique_ptr<std::string>& rec = exports_[base];
+  if (!rec) {
+    std::vector<CudaBackend::ExportPiece> pieces;
+    alloc_.with_device_lock([&] { pieces = backend_.export_range(start, span); });
+    // The record: the allocation's buffer id, then the handle cuda_ipc::open reads.
+    auto [it, fresh] = ids_.try_emplace(base, 0);
+    if (fresh) it->second = (std::uint64_t{1} << 63) | next_id_++;
+    std::string bytes(sizeof(std::uint64_t), '\0');
+    std::memcpy(bytes.data(), &it->second, sizeof(std::uint64_t));
+    rec = std::make_unique<std::string>(bytes + cuda_ipc::encode(device_, span, pieces));
+    has_records_.store(true, std::memory_order_release);
+  }
+  return *rec;
+}
+
+}  // namespace cuarena::shim

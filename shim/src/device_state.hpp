@@ -1,0 +1,107 @@
+// DeviceState: what the shim keeps for one CUDA context: a cuarena Allocator over the driver-only
+// VMM backend, the streams a synchronous free must wait for, the frees waiting for them, and the
+// per-allocation answers the driver would give (buffer ids, IPC exports).
+//
+// Stream semantics: an allocation on stream S (0: the legacy default stream; synchronous
+// allocations use it too) is reusable on S at once after an asynchronous free on S, and after
+// the events cuarena records otherwise. A synchronous free is fenced (fence_queue.hpp): its
+// block is reused only after all device work issued before the free has finished.
+//
+// Memory: up to ShimConfig::pending_free_bytes of fenced frees may wait for the device while
+// allocations grow the pool; past it, an allocation waits for the oldest fence first, so a host
+// running far ahead of the device is paced instead of holding a second copy of its working set.
+//
+// Thread semantics: every member is safe to call concurrently. Errors: allocate() throws
+// OutOfMemoryError (after waiting for every fenced free and cuarena's own reclaim); the
+// constructor throws BackendError when the device cannot be served (no VMM support, no driver).
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuarena/allocator.hpp"
+#include "cuarena/cuda_vmm_backend.hpp"
+#include "fence_queue.hpp"
+#include "shim_config.hpp"
+#include "stream_registry.hpp"
+#include "trace_recorder.hpp"
+
+namespace cuarena::shim {
+
+class DeviceState {
+ public:
+  DeviceState(CUcontext context, int device, const ShimConfig& config, TraceRecorder* trace);
+  DeviceState(const DeviceState&) = delete;
+  DeviceState& operator=(const DeviceState&) = delete;
+
+  CUcontext context() const { return context_; }
+  int device() const { return device_; }
+  Allocator& allocator() { return alloc_; }
+
+  /// `bytes` usable in stream order on `stream` (already normalised: 0 is the legacy stream).
+  void* allocate(std::size_t bytes, StreamId stream);
+
+  /// The live allocation starting at `ptr` that the program has not freed, or nullopt.
+  std::optional<Allocator::BlockInfo> find(DevicePtr ptr) const;
+
+  /// cudaFree / cuMemFree of a live allocation: fenced against all device work issued so far.
+  /// False for a pointer already freed (waiting for its fence).
+  bool free_sync(DevicePtr ptr, const Allocator::BlockInfo& block);
+  /// cuMemFreeAsync on `stream` (normalised): stream-ordered.
+  void free_async(DevicePtr ptr, const Allocator::BlockInfo& block, StreamId stream);
+
+  /// A stream the program created or allocated on, and one it is about to destroy.
+  void add_stream(CUstream stream);
+  void retire_stream(CUstream stream);
+
+  /// cuMemGetInfo as the program should see it: cuarena's cached-but-unused bytes and the frees
+  /// waiting for their fence count as free; with a limit below the device, the limit is the total.
+  void mem_info(std::size_t& free_bytes, std::size_t& total_bytes);
+
+  /// The allocation holding `ptr` as the driver would report its own: [base, base + requested).
+  enum class Lookup { kNotOurs, kFound, kNotLive };
+  Lookup range(DevicePtr ptr, DevicePtr& base, std::size_t& size) const;
+  /// A process-unique id for the live allocation starting at `base` (CU_POINTER_ATTRIBUTE_BUFFER_ID),
+  /// a new one for every allocation; tagged with the top bit so it never equals a driver's id.
+  std::uint64_t buffer_id(DevicePtr base);
+
+  /// The bytes of a translated IPC record for the allocation at `base` (ipc_ticket.hpp), kept
+  /// until the allocation is freed; `offset` receives base's offset into the exported range.
+  /// Throws BackendError when the memory cannot be exported.
+  const std::string& ipc_record(DevicePtr base, const Allocator::BlockInfo& block, std::size_t& offset);
+
+  /// Waits for every fenced free and gives it back to cuarena (before an out-of-memory error,
+  /// and at the program's request to release memory).
+  void drain_frees();
+
+ private:
+  void settle_frees();
+  bool close_batch();  // requires mu_
+  void release(std::vector<FenceQueue::Freed>& freed);  // requires mu_
+  void forget(DevicePtr ptr);                           // requires mu_
+
+  CUcontext context_;
+  int device_;
+  std::size_t pending_limit_;
+  TraceRecorder* trace_;
+  CudaVmmBackend backend_;
+  Allocator alloc_;
+
+  mutable std::mutex mu_;  // guards what follows
+  StreamRegistry streams_;
+  FenceQueue fences_;
+  std::atomic<std::size_t> outstanding_{0};  // fences_.outstanding_bytes(), read without mu_
+  std::unordered_map<DevicePtr, std::uint64_t> ids_;
+  std::unordered_map<DevicePtr, std::unique_ptr<std::string>> exports_;
+  std::atomic<bool> has_records_{false};  // ids_ or exports_ non-empty
+  std::uint64_t next_id_ = 1;
+};
+
+}  // namespace cuarena::shim

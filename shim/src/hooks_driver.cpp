@@ -1,0 +1,238 @@
+// The driver API's memory calls, served from cuarena (serve.hpp) or passed to the driver.
+#include <cstring>
+
+#include "hooks.hpp"
+#include "ipc_ticket.hpp"
+#include "real_driver.hpp"
+#include "serve.hpp"
+#include "shim.hpp"
+
+using namespace cuarena;
+using namespace cuarena::shim;
+
+namespace {
+const RealDriver& real() { return RealDriver::get(); }
+
+/// `served`, or the real call when the shim does not serve it.
+template <class Pass>
+CUresult or_pass(std::optional<CUresult> served, Pass&& pass) {
+  if (served) return *served;
+  Shim::get().passed();
+  return pass();
+}
+
+/// The allocation holding `ptr` in any state: kFound with its base and requested size.
+DeviceState::Lookup find_range(CUdeviceptr ptr, DevicePtr& base, std::size_t& size, DeviceState** owner = nullptr) {
+  Shim& shim = Shim::get();
+  DeviceState* s = shim.holder(DevicePtr(ptr));
+  if (s == nullptr) return DeviceState::Lookup::kNotOurs;
+  if (owner) *owner = s;
+  return s->range(DevicePtr(ptr), base, size);
+}
+
+bool is_range_attribute(CUpointer_attribute a) {
+  return a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || a == CU_POINTER_ATTRIBUTE_RANGE_SIZE ||
+         a == CU_POINTER_ATTRIBUTE_BUFFER_ID;
+}
+
+/// Answers a range attribute for an allocation of `s` at [base, base + size).
+void answer(DeviceState& s, CUpointer_attribute a, void* data, DevicePtr base, std::size_t size) {
+  if (a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data) = CUdeviceptr(base);
+  if (a == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data) = size;
+  if (a == CU_POINTER_ATTRIBUTE_BUFFER_ID) *static_cast<unsigned long long*>(data) = s.buffer_id(base);
+}
+
+void track_stream(CUstream stream) {
+  if (DeviceState* s = Shim::get().current()) s->add_stream(stream);
+}
+}  // namespace
+
+CUARENA_HOOK CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  return or_pass(serve_alloc(dptr, bytesize, nullptr, Ordering::kSync), [&] { return real().mem_alloc(dptr, bytesize); });
+}
+
+CUARENA_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  return or_pass(serve_free(dptr, nullptr, Ordering::kSync), [&] { return real().mem_free(dptr); });
+}
+
+CUARENA_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  return or_pass(serve_alloc(dptr, bytesize, stream, Ordering::kAsync),
+                 [&] { return real().mem_alloc_async(dptr, bytesize, stream); });
+}
+
+CUARENA_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  return or_pass(serve_alloc(dptr, bytesize, stream, Ordering::kAsyncPerThread),
+                 [&] { return real().mem_alloc_async_ptsz(dptr, bytesize, stream); });
+}
+
+CUARENA_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  return or_pass(serve_free(dptr, stream, Ordering::kAsync), [&] { return real().mem_free_async(dptr, stream); });
+}
+
+CUARENA_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  return or_pass(serve_free(dptr, stream, Ordering::kAsyncPerThread),
+                 [&] { return real().mem_free_async_ptsz(dptr, stream); });
+}
+
+namespace {
+/// cuMemAllocFromPoolAsync is served for the device's default pool (what cuMemAllocAsync uses);
+/// a pool the program made is its own business.
+bool default_pool(CUmemoryPool pool) {
+  CUdevice device = 0;
+  CUmemoryPool def = nullptr;
+  return real().ctx_get_device(&device) == CUDA_SUCCESS &&
+         real().device_get_default_mem_pool(&def, device) == CUDA_SUCCESS && def == pool;
+}
+}  // namespace
+
+CUARENA_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+  std::optional<CUresult> r;
+  if (default_pool(pool)) r = serve_alloc(dptr, bytesize, stream, Ordering::kAsync);
+  return or_pass(r, [&] { return real().mem_alloc_from_pool_async(dptr, bytesize, pool, stream); });
+}
+
+CUARENA_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+  std::optional<CUresult> r;
+  if (default_pool(pool)) r = serve_alloc(dptr, bytesize, stream, Ordering::kAsyncPerThread);
+  return or_pass(r, [&] { return real().mem_alloc_from_pool_async_ptsz(dptr, bytesize, pool, stream); });
+}
+
+CUARENA_HOOK CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  return or_pass(serve_mem_info(free, total), [&] { return real().mem_get_info(free, total); });
+}
+
+CUARENA_HOOK CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  DevicePtr base = 0;
+  std::size_t size = 0;
+  switch (find_range(dptr, base, size)) {
+    case DeviceState::Lookup::kFound:
+      if (pbase) *pbase = CUdeviceptr(base);
+      if (psize) *psize = size;
+      Shim::get().served();
+      return CUDA_SUCCESS;
+    case DeviceState::Lookup::kNotLive:
+      return CUDA_ERROR_NOT_FOUND;
+    case DeviceState::Lookup::kNotOurs:
+      break;
+  }
+  Shim::get().passed();
+  return real().mem_get_address_range(pbase, psize, dptr);
+}
+
+CUARENA_HOOK CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  if (data != nullptr && is_range_attribute(attribute)) {
+    DevicePtr base = 0;
+    std::size_t size = 0;
+    DeviceState* s = nullptr;
+    switch (find_range(ptr, base, size, &s)) {
+      case DeviceState::Lookup::kFound:
+        answer(*s, attribute, data, base, size);
+        Shim::get().served();
+        return CUDA_SUCCESS;
+      case DeviceState::Lookup::kNotLive:
+        return CUDA_ERROR_INVALID_VALUE;
+      case DeviceState::Lookup::kNotOurs:
+        break;
+    }
+  }
+  Shim::get().passed();
+  return real().pointer_get_attribute(data, attribute, ptr);
+}
+
+CUARENA_HOOK CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
+                                             CUdeviceptr ptr) {
+  // The driver answers the rest (memory type, device, context: the mapping's own).
+  const CUresult r = real().pointer_get_attributes(numAttributes, attributes, data, ptr);
+  if (r != CUDA_SUCCESS || attributes == nullptr || data == nullptr) return r;
+  DevicePtr base = 0;
+  std::size_t size = 0;
+  DeviceState* s = nullptr;
+  if (find_range(ptr, base, size, &s) != DeviceState::Lookup::kFound) return r;
+  for (unsigned i = 0; i < numAttributes; ++i)
+    if (data[i] != nullptr && is_range_attribute(attributes[i])) answer(*s, attributes[i], data[i], base, size);
+  Shim::get().served();
+  return r;
+}
+
+CUARENA_HOOK CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
+  DevicePtr base = 0;
+  std::size_t size = 0;
+  DeviceState* s = nullptr;
+  switch (find_range(dptr, base, size, &s)) {
+    case DeviceState::Lookup::kNotOurs:
+      Shim::get().passed();
+      return real().ipc_get_mem_handle(pHandle, dptr);
+    case DeviceState::Lookup::kNotLive:
+      return CUDA_ERROR_INVALID_VALUE;
+    case DeviceState::Lookup::kFound:
+      break;
+  }
+  if (pHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  try {
+    std::optional<Allocator::BlockInfo> block = s->find(base);
+    if (!block) return CUDA_ERROR_INVALID_VALUE;
+    std::size_t offset = 0;
+    const std::string& record = s->ipc_record(base, *block, offset);
+    *pHandle = make_ticket(s->device(), record, offset);
+    Shim::get().served();
+    Shim::get().log("IPC handle for %#llx (%zu B)", static_cast<unsigned long long>(base), size);
+    return CUDA_SUCCESS;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuarena: cuIpcGetMemHandle: %s\n", e.what());
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+CUARENA_HOOK CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  if (!is_ticket(handle)) {
+    Shim::get().passed();
+    return real().ipc_open_mem_handle(pdptr, handle, Flags);
+  }
+  if (pdptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  try {
+    CUdeviceptr ptr = 0;
+    std::shared_ptr<void> mapping = open_ticket(handle, ptr);
+    Shim::get().add_import(ptr, std::move(mapping));
+    *pdptr = ptr;
+    Shim::get().served();
+    return CUDA_SUCCESS;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuarena: cuIpcOpenMemHandle: %s\n", e.what());
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUARENA_HOOK CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  if (Shim::get().close_import(dptr)) {
+    Shim::get().served();
+    return CUDA_SUCCESS;
+  }
+  Shim::get().passed();
+  return real().ipc_close_mem_handle(dptr);
+}
+
+CUARENA_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  const CUresult r = real().stream_create(phStream, Flags);
+  if (r == CUDA_SUCCESS && phStream != nullptr) track_stream(*phStream);
+  return r;
+}
+
+CUARENA_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority) {
+  const CUresult r = real().stream_create_with_priority(phStream, flags, priority);
+  if (r == CUDA_SUCCESS && phStream != nullptr) track_stream(*phStream);
+  return r;
+}
+
+CUARENA_HOOK CUresult cuStreamDestroy_v2(CUstream hStream) {
+  CUcontext ctx = nullptr;
+  if (hStream != nullptr && real().stream_get_ctx(hStream, &ctx) == CUDA_SUCCESS && ctx != nullptr) {
+    if (DeviceState* s = Shim::get().of_context(ctx)) {
+      try {
+        s->retire_stream(hStream);
+      } catch (const std::exception& e) {
+        Shim::get().log("stream %p: %s", static_cast<void*>(hStream), e.what());
+      }
+    }
+  }
+  return real().stream_destroy(hStream);
+}

@@ -1,0 +1,166 @@
+// How callers find the shim: the exported dlsym (libcudart, XLA and ctypes look driver entry
+// points up by name), and the driver's own resolvers (cuGetProcAddress, and the runtime's
+// cudaGetDriverEntryPoint*), which are asked first and whose answer is replaced by the shim's
+// hook when it is the driver's function of a name the shim serves. Matching by the returned
+// pointer (as NVIDIA's cuinterpose does) honours the ABI version and the per-thread-stream flag
+// the caller asked for: the driver picked the variant; the shim serves that exact one or none.
+#include <dlfcn.h>
+#include <link.h>
+
+#include <array>
+#include <cstring>
+#include <string_view>
+
+#include "hooks.hpp"
+#include "real_driver.hpp"
+#include "serve.hpp"
+#include "shim.hpp"
+
+using namespace cuarena::shim;
+
+namespace {
+
+struct Served {
+  const char* name;
+  void* hook;
+  bool driver;  // a libcuda symbol (else the runtime's)
+};
+
+constexpr std::size_t kServed = 27;
+
+const std::array<Served, kServed>& served() {
+  static const std::array<Served, kServed> table = {{
+      {"cuGetProcAddress", reinterpret_cast<void*>(&cuarena_cuGetProcAddress_v1), true},
+      {"cuGetProcAddress_v2", reinterpret_cast<void*>(&cuGetProcAddress_v2), true},
+      {"cuMemAlloc_v2", reinterpret_cast<void*>(&cuMemAlloc_v2), true},
+      {"cuMemFree_v2", reinterpret_cast<void*>(&cuMemFree_v2), true},
+      {"cuMemAllocAsync", reinterpret_cast<void*>(&cuMemAllocAsync), true},
+      {"cuMemAllocAsync_ptsz", reinterpret_cast<void*>(&cuMemAllocAsync_ptsz), true},
+      {"cuMemFreeAsync", reinterpret_cast<void*>(&cuMemFreeAsync), true},
+      {"cuMemFreeAsync_ptsz", reinterpret_cast<void*>(&cuMemFreeAsync_ptsz), true},
+      {"cuMemAllocFromPoolAsync", reinterpret_cast<void*>(&cuMemAllocFromPoolAsync), true},
+      {"cuMemAllocFromPoolAsync_ptsz", reinterpret_cast<void*>(&cuMemAllocFromPoolAsync_ptsz), true},
+      {"cuMemGetInfo_v2", reinterpret_cast<void*>(&cuMemGetInfo_v2), true},
+      {"cuMemGetAddressRange_v2", reinterpret_cast<void*>(&cuMemGetAddressRange_v2), true},
+      {"cuPointerGetAttribute", reinterpret_cast<void*>(&cuPointerGetAttribute), true},
+      {"cuPointerGetAttributes", reinterpret_cast<void*>(&cuPointerGetAttributes), true},
+      {"cuIpcGetMemHandle", reinterpret_cast<void*>(&cuIpcGetMemHandle), true},
+      {"cuIpcOpenMemHandle_v2", reinterpret_cast<void*>(&cuIpcOpenMemHandle_v2), true},
+      {"cuIpcCloseMemHandle", reinterpret_cast<void*>(&cuIpcCloseMemHandle), true},
+      {"cuStreamCreate", reinterpret_cast<void*>(&cuStreamCreate), true},
+      {"cuStreamCreateWithPriority", reinterpret_cast<void*>(&cuStreamCreateWithPriority), true},
+      {"cuStreamDestroy_v2", reinterpret_cast<void*>(&cuStreamDestroy_v2), true},
+      {"cudaGetDriverEntryPoint", reinterpret_cast<void*>(&cudaGetDriverEntryPoint), false},
+      {"cudaGetDriverEntryPointByVersion", reinterpret_cast<void*>(&cudaGetDriverEntryPointByVersion), false},
+      {"cudaMalloc", reinterpret_cast<void*>(&cudaMalloc), false},
+      {"cudaFree", reinterpret_cast<void*>(&cudaFree), false},
+      {"cudaMallocAsync", reinterpret_cast<void*>(&cudaMallocAsync), false},
+      {"cudaFreeAsync", reinterpret_cast<void*>(&cudaFreeAsync), false},
+      {"cudaMemGetInfo", reinterpret_cast<void*>(&cudaMemGetInfo), false},
+  }};
+  return table;
+}
+
+/// The hook for exactly `name` (cuDNN's cudnn* or a cuMem* the shim does not serve: none).
+void* hook_by_name(const char* name) {
+  if (name == nullptr || name[0] != 'c' || name[1] != 'u') return nullptr;
+  for (const Served& s : served())
+    if (std::strcmp(s.name, name) == 0) return s.hook;
+  return nullptr;
+}
+
+/// The hook whose driver function is `fn`, or nullptr.
+void* hook_by_pointer(void* fn) {
+  static const std::array<void*, kServed> real = [] {
+    std::array<void*, kServed> r{};
+    void* lib = libcuda();
+    for (std::size_t i = 0; i < served().size(); ++i)
+      r[i] = (lib && served()[i].driver) ? real_dlsym(lib, served()[i].name) : nullptr;
+    return r;
+  }();
+  for (std::size_t i = 0; i < real.size(); ++i)
+    if (real[i] != nullptr && real[i] == fn) return served()[i].hook;
+  return nullptr;
+}
+
+/// RTLD_NEXT as the caller means it: the first object after the caller's that defines `name`.
+/// (libc's dlsym would search after the shim, which called it.)
+void* next_after(const void* caller, const char* name) {
+  Dl_info info{};
+  link_map* self = nullptr;
+  if (dladdr1(caller, &info, reinterpret_cast<void**>(&self), RTLD_DL_LINKMAP) == 0 || self == nullptr)
+    return real_dlsym(RTLD_NEXT, name);
+  link_map* last = self;
+  for (link_map* l = self->l_next; l != nullptr; l = l->l_next) {
+    last = l;
+    void* sym = real_dlsym(l, name);  // a link_map is a dlopen handle in glibc
+    if (sym == nullptr) continue;
+    Dl_info where{};
+    link_map* defining = nullptr;
+    if (dladdr1(sym, &where, reinterpret_cast<void**>(&defining), RTLD_DL_LINKMAP) != 0 && defining == l) return sym;
+  }
+  // Not found after the caller: a lookup there that fails sets dlerror(), as libc's would.
+  (void)real_dlsym(last, name);
+  return nullptr;
+}
+
+}  // namespace
+
+namespace cuarena::shim {
+
+void* substitute(const char* symbol, void* fn) {
+  if (fn == nullptr) return fn;
+  if (void* hook = hook_by_pointer(fn)) return hook;
+  Shim& shim = Shim::get();
+  if (shim.logging() && symbol != nullptr &&
+      (std::strncmp(symbol, "cuMem", 5) == 0 || std::strncmp(symbol, "cuPointer", 9) == 0 ||
+       std::strncmp(symbol, "cuIpc", 5) == 0))
+    shim.log("passing through %s (not served)", symbol);
+  return fn;
+}
+
+}  // namespace cuarena::shim
+
+CUARENA_HOOK void* dlsym(void* handle, const char* name) noexcept {
+  void* real = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name) : real_dlsym(handle, name);
+  if (real == nullptr) return nullptr;
+  if (void* hook = hook_by_name(name)) return hook;
+  return real;
+}
+
+CUARENA_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                                          CUdriverProcAddressQueryResult* symbolStatus) {
+  const CUresult r = real_get_proc_address(symbol, pfn, cudaVersion, flags, symbolStatus);
+  if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = substitute(symbol, *pfn);
+  return r;
+}
+
+CUARENA_HOOK CUresult cuarena_cuGetProcAddress_v1(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
+  using Fn = CUresult (*)(const char*, void**, int, cuuint64_t);
+  static const Fn real = reinterpret_cast<Fn>(libcuda() ? real_dlsym(libcuda(), "cuGetProcAddress") : nullptr);
+  if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult r = real(symbol, pfn, cudaVersion, flags);
+  if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = substitute(symbol, *pfn);
+  return r;
+}
+
+CUARENA_HOOK cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** funcPtr, unsigned long long flags,
+                                                 enum cudaDriverEntryPointQueryResult* driverStatus) {
+  using Fn = cudaError_t (*)(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*);
+  static const Fn real = reinterpret_cast<Fn>(real_runtime("cudaGetDriverEntryPoint"));
+  if (real == nullptr) return cudaErrorInitializationError;
+  const cudaError_t r = real(symbol, funcPtr, flags, driverStatus);
+  if (r == cudaSuccess && funcPtr != nullptr) *funcPtr = substitute(symbol, *funcPtr);
+  return r;
+}
+
+CUARENA_HOOK cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr, unsigned int cudaVersion,
+                                                          unsigned long long flags,
+                                                          enum cudaDriverEntryPointQueryResult* driverStatus) {
+  using Fn = cudaError_t (*)(const char*, void**, unsigned int, unsigned long long, cudaDriverEntryPointQueryResult*);
+  static const Fn real = reinterpret_cast<Fn>(real_runtime("cudaGetDriverEntryPointByVersion"));
+  if (real == nullptr) return cudaErrorInitializationError;
+  const cudaError_t r = real(symbol, funcPtr, cudaVersion, flags, driverStatus);
+  if (r == cudaSuccess && funcPtr != nullptr) *funcPtr = substitute(symbol, *funcPtr);
+  return r;
+}

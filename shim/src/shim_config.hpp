@@ -1,0 +1,36 @@
+// The shim's settings, from the environment, read once at load.
+//
+//   CUARENA_CONF      cuarena's configuration (the core's keys, see config.hpp) plus the shim's:
+//                       memory_limit:SIZE        most physical memory held per device (bytes or
+//                                                64GiB / 80GB); default: the whole device
+//                       pending_free_bytes:SIZE  freed bytes that may wait for the device before
+//                                                an allocation waits for them (default 64 MiB)
+//   CUARENA_LOG       1 (or stderr): one stderr line per event; a path: those lines appended there
+//   CUARENA_SUMMARY   1: one line at exit (peaks, ratio, calls served and passed through)
+//   CUARENA_TRACE     path: the allocations recorded as a .cuat trace at exit (cuarena replay)
+//   CUARENA_KEEP_TORCH_CACHE  1: leave PYTORCH_NO_CUDA_MEMORY_CACHING alone
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "cuarena/config.hpp"
+
+namespace cuarena::shim {
+
+struct ShimConfig {
+  Config core;                                   ///< the core's keys of CUARENA_CONF
+  std::size_t memory_limit = 0;                  ///< bytes per device; 0: the device's memory
+  std::size_t pending_free_bytes = std::size_t{64} << 20;
+  std::string log_path;                          ///< "" off, "-" stderr, else a file
+  bool summary = false;
+  std::string trace_path;                        ///< "" off
+  bool keep_torch_cache = false;
+
+  /// Reads the environment. Throws ConfigError naming the variable, key and position.
+  static ShimConfig from_env();
+  /// Parses a CUARENA_CONF value. Throws ConfigError.
+  static ShimConfig parse(const std::string& conf);
+};
+
+}  // namespace cuarena::shim

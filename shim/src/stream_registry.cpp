@@ -1,0 +1,73 @@
+#include "stream_registry.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "cuarena/errors.hpp"
+#include "real_driver.hpp"
+
+namespace cuarena::shim {
+
+namespace {
+bool is_default(CUstream s) { return s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD; }
+
+void check(CUresult r, const char* call) {
+  if (r != CUDA_SUCCESS)
+    throw BackendError(std::string("cuarena shim: ") + call + " failed (CUresult " + std::to_string(int(r)) + ")");
+}
+}  // namespace
+
+StreamRegistry::~StreamRegistry() {
+  retired_.clear();
+  const RealDriver& d = RealDriver::get();
+  for (CUevent e : *spare_) d.event_destroy(e);
+  spare_->clear();
+}
+
+void StreamRegistry::add(CUstream stream) {
+  if (is_default(stream)) return;
+  for (const Known& k : streams_)
+    if (k.stream == stream) return;
+  unsigned flags = 0;
+  if (RealDriver::get().stream_get_flags(stream, &flags) != CUDA_SUCCESS) return;  // not a live stream
+  streams_.push_back({stream, (flags & CU_STREAM_NON_BLOCKING) != 0});
+}
+
+void StreamRegistry::retire(CUstream stream) {
+  auto it = std::find_if(streams_.begin(), streams_.end(), [&](const Known& k) { return k.stream == stream; });
+  if (it == streams_.end()) return;
+  streams_.erase(it);
+  retired_.push_back(record(stream));
+}
+
+FenceEvent StreamRegistry::record(CUstream stream) {
+  const RealDriver& d = RealDriver::get();
+  CUevent e = nullptr;
+  if (!spare_->empty()) {
+    e = spare_->back();
+    spare_->pop_back();
+  } else {
+    check(d.event_create(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  }
+  // The deleter keeps the spare list alive, so a fence may outlive the registry.
+  FenceEvent ev(e, [spare = spare_](CUevent ev) { spare->push_back(ev); });
+  check(d.event_record(e, stream), "cuEventRecord");
+  return ev;
+}
+
+bool StreamRegistry::record_fence(std::vector<FenceEvent>& out) {
+  const RealDriver& d = RealDriver::get();
+  for (const Known& k : streams_) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (d.stream_is_capturing(k.stream, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE)
+      return false;
+  }
+  out.push_back(record(CU_STREAM_LEGACY));
+  for (const Known& k : streams_)
+    if (k.non_blocking) out.push_back(record(k.stream));
+  std::erase_if(retired_, [&](const FenceEvent& e) { return d.event_query(e.get()) == CUDA_SUCCESS; });
+  out.insert(out.end(), retired_.begin(), retired_.end());
+  return true;
+}
+
+}  // namespace cuarena::shim

@@ -1,0 +1,28 @@
+#include "trace_recorder.hpp"
+
+#include <algorithm>
+
+namespace cuarena::shim {
+
+void TraceRecorder::record(cuat::Action action, int device, StreamId stream, DevicePtr addr,
+                           std::size_t size) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::steady_clock::now() - start_).count();
+  std::lock_guard lock(mu_);
+  events_.push_back({action, std::uint16_t(device), stream, addr, size, us});
+}
+
+std::string TraceRecorder::write() {
+  std::lock_guard lock(mu_);
+  // FORMAT.md: all of device 0's events, then device 1's; each device's stay in time order.
+  std::stable_sort(events_.begin(), events_.end(),
+                   [](const cuat::Event& a, const cuat::Event& b) { return a.device < b.device; });
+  try {
+    cuat::write(path_, events_);
+  } catch (const cuat::WriteError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace cuarena::shim

@@ -1,0 +1,32 @@
+// TraceRecorder: CUARENA_TRACE. Keeps the job's allocations and frees in memory and writes them
+// as a .cuat trace (tools/trace/FORMAT.md) at exit, for `cuarena replay`. Times are microseconds
+// since the shim loaded. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuarena/cuat.hpp"
+#include "cuarena/types.hpp"
+
+namespace cuarena::shim {
+
+class TraceRecorder {
+ public:
+  explicit TraceRecorder(std::string path) : path_(std::move(path)) {}
+  void record(cuat::Action action, int device, StreamId stream, DevicePtr addr, std::size_t size);
+  /// Writes the trace (devices one after another). Returns an error message, or "" on success.
+  std::string write();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::mutex mu_;
+  std::vector<cuat::Event> events_;
+};
+
+}  // namespace cuarena::shim
