@@ -5,7 +5,6 @@
 // pointer (as NVIDIA's cuinterpose does) honours the ABI version and the per-thread-stream flag
 // the caller asked for: the driver picked the variant; the shim serves that exact one or none.
 #include <dlfcn.h>
-#include <link.h>
 
 #include <array>
 #include <cstring>
@@ -83,27 +82,6 @@ void* hook_by_pointer(void* fn) {
   return nullptr;
 }
 
-/// RTLD_NEXT as the caller means it: the first object after the caller's that defines `name`.
-/// (libc's dlsym would search after the shim, which called it.)
-void* next_after(const void* caller, const char* name) {
-  Dl_info info{};
-  link_map* self = nullptr;
-  if (dladdr1(caller, &info, reinterpret_cast<void**>(&self), RTLD_DL_LINKMAP) == 0 || self == nullptr)
-    return real_dlsym(RTLD_NEXT, name);
-  link_map* last = self;
-  for (link_map* l = self->l_next; l != nullptr; l = l->l_next) {
-    last = l;
-    void* sym = real_dlsym(l, name);  // a link_map is a dlopen handle in glibc
-    if (sym == nullptr) continue;
-    Dl_info where{};
-    link_map* defining = nullptr;
-    if (dladdr1(sym, &where, reinterpret_cast<void**>(&defining), RTLD_DL_LINKMAP) != 0 && defining == l) return sym;
-  }
-  // Not found after the caller: a lookup there that fails sets dlerror(), as libc's would.
-  (void)real_dlsym(last, name);
-  return nullptr;
-}
-
 }  // namespace
 
 namespace cuarena::shim {
@@ -121,11 +99,16 @@ void* substitute(const char* symbol, void* fn) {
 
 }  // namespace cuarena::shim
 
-CUARENA_HOOK void* dlsym(void* handle, const char* name) noexcept {
-  void* real = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name) : real_dlsym(handle, name);
-  if (real == nullptr) return nullptr;
-  if (void* hook = hook_by_name(name)) return hook;
-  return real;
+// Any other name goes to libc's dlsym by a tail call, so that libc sees the caller's return
+// address: RTLD_NEXT then means "after the caller", and dlerror() names the caller's object, as
+// without the shim. (The optimize attribute keeps the sibling call in unoptimised builds.)
+extern "C" __attribute__((visibility("default"), optimize("O2", "optimize-sibling-calls")))
+void* dlsym(void* handle, const char* name) noexcept {
+  void* hook = hook_by_name(name);
+  // (A noexcept function may tail-call only a noexcept one.)
+  if (hook == nullptr) return reinterpret_cast<void* (*)(void*, const char*) noexcept>(libc_dlsym())(handle, name);
+  // The hook only where the name resolves at all (a probe of another library gets its NULL).
+  return real_dlsym(handle, name) != nullptr ? hook : nullptr;
 }
 
 CUARENA_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,

@@ -7,9 +7,6 @@
 
 namespace cuarena::shim {
 
-namespace {
-using DlsymFn = void* (*)(void*, const char*);
-
 DlsymFn libc_dlsym() {
   // glibc 2.34 moved dlsym into libc under a new version; older ones have only 2.2.5.
   static const DlsymFn fn = [] {
@@ -19,6 +16,8 @@ DlsymFn libc_dlsym() {
   }();
   return fn;
 }
+
+namespace {
 
 template <class Fn>
 void load(Fn& fn, const char* name) {

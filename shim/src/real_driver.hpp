@@ -10,6 +10,8 @@
 namespace cuarena::shim {
 
 /// libc's dlsym (found with dlvsym, so the shim's exported dlsym is never in the way).
+using DlsymFn = void* (*)(void*, const char*);
+DlsymFn libc_dlsym();
 void* real_dlsym(void* handle, const char* name);
 
 /// libcuda.so.1, opened on first use; nullptr when the driver is not installed.

@@ -7,6 +7,9 @@
 namespace cuarena::shim {
 
 namespace {
+/// Without a driver (libcuda.so.1 absent) every call is the runtime's or driver's to answer.
+bool have_driver() { return RealDriver::get().ctx_get_current != nullptr; }
+
 bool capturing(CUstream stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   const RealDriver& d = RealDriver::get();
@@ -35,7 +38,7 @@ StreamId alloc_stream(CUstream stream, Ordering ordering) {
 
 std::optional<CUresult> serve_alloc(CUdeviceptr* ptr, std::size_t bytes, CUstream stream, Ordering ordering) {
   Shim& shim = Shim::get();
-  if (ptr == nullptr || bytes == 0) return std::nullopt;  // the driver's own answer
+  if (ptr == nullptr || bytes == 0 || !have_driver()) return std::nullopt;  // the driver's own answer
   if (ordering != Ordering::kSync && capturing(stream)) {
     shim.log("alloc of %zu B on capturing stream %p passed to the driver", bytes, static_cast<void*>(stream));
     return std::nullopt;
@@ -66,7 +69,7 @@ std::optional<CUresult> serve_alloc(CUdeviceptr* ptr, std::size_t bytes, CUstrea
 
 std::optional<CUresult> serve_free(CUdeviceptr ptr, CUstream stream, Ordering ordering) {
   Shim& shim = Shim::get();
-  if (ptr == 0) return std::nullopt;
+  if (ptr == 0 || !have_driver()) return std::nullopt;
   Allocator::BlockInfo block{};
   DeviceState* s = shim.owner(DevicePtr(ptr), block);
   if (s == nullptr) {
@@ -93,7 +96,7 @@ std::optional<CUresult> serve_free(CUdeviceptr ptr, CUstream stream, Ordering or
 
 std::optional<CUresult> serve_mem_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   Shim& shim = Shim::get();
-  DeviceState* s = shim.current();
+  DeviceState* s = have_driver() ? shim.current() : nullptr;
   if (s == nullptr) return std::nullopt;
   try {
     std::size_t f = 0, t = 0;
