@@ -76,20 +76,28 @@ void DeviceState::free_async(DevicePtr ptr, const Allocator::BlockInfo& block, S
   void* p = reinterpret_cast<void*>(ptr);
   // Freed on another stream than it was allocated on: reusable once that stream's work before
   // the free is done (cuarena then records and waits for an event there).
-  if (stream != block.stream) alloc_.record_stream(p, stream);
+  if (stream != block.stream) {
+    if (stream != 0) add_stream(reinterpret_cast<CUstream>(stream), true);
+    alloc_.record_stream(p, stream);
+  }
   alloc_.deallocate(p);
   if (trace_) trace_->record(cuat::Action::kFreeCompleted, device_, block.stream, ptr, block.requested);
 }
 
-void DeviceState::add_stream(CUstream stream) {
+void DeviceState::add_stream(CUstream stream, bool used) {
   std::lock_guard lock(mu_);
-  streams_.add(stream);
+  streams_.add(stream, used);
 }
 
-void DeviceState::retire_stream(CUstream stream) {
+bool DeviceState::retire_stream(CUstream stream) {
   std::lock_guard lock(mu_);
   ContextScope scope(context_);
-  streams_.retire(stream);
+  return streams_.retire(stream);
+}
+
+CUstream DeviceState::reuse_stream(unsigned flags, int priority) {
+  std::lock_guard lock(mu_);
+  return streams_.reuse(flags, priority);
 }
 
 void DeviceState::settle_frees() {

@@ -57,9 +57,13 @@ class DeviceState {
   /// cuMemFreeAsync on `stream` (normalised): stream-ordered.
   void free_async(DevicePtr ptr, const Allocator::BlockInfo& block, StreamId stream);
 
-  /// A stream the program created or allocated on, and one it is about to destroy.
-  void add_stream(CUstream stream);
-  void retire_stream(CUstream stream);
+  /// A stream the program created (`used` false) or cuarena allocates or frees on (true).
+  void add_stream(CUstream stream, bool used);
+  /// The program destroys `stream`: true when the caller should destroy it for real (see
+  /// stream_registry.hpp: streams cuarena used are parked instead).
+  bool retire_stream(CUstream stream);
+  /// A parked stream to hand back for a create with `flags` and `priority`, or nullptr.
+  CUstream reuse_stream(unsigned flags, int priority);
 
   /// cuMemGetInfo as the program should see it: cuarena's cached-but-unused bytes and the frees
   /// waiting for their fence count as free; with a limit below the device, the limit is the total.

@@ -1,4 +1,5 @@
 // The driver API's memory calls, served from cuarena (serve.hpp) or passed to the driver.
+#include <algorithm>
 #include <cstring>
 
 #include "hooks.hpp"
@@ -42,8 +43,19 @@ void answer(DeviceState& s, CUpointer_attribute a, void* data, DevicePtr base, s
   if (a == CU_POINTER_ATTRIBUTE_BUFFER_ID) *static_cast<unsigned long long*>(data) = s.buffer_id(base);
 }
 
-void track_stream(CUstream stream) {
-  if (DeviceState* s = Shim::get().current()) s->add_stream(stream);
+/// A stream create: a parked stream of the same kind if there is one, else the driver's.
+template <class Create>
+CUresult create_stream(CUstream* phStream, unsigned flags, int priority, Create&& create) {
+  DeviceState* s = phStream != nullptr ? Shim::get().current() : nullptr;
+  if (s != nullptr) {
+    if (CUstream parked = s->reuse_stream(flags, priority)) {
+      *phStream = parked;
+      return CUDA_SUCCESS;
+    }
+  }
+  const CUresult r = create();
+  if (r == CUDA_SUCCESS && s != nullptr) s->add_stream(*phStream, false);
+  return r;
 }
 }  // namespace
 
@@ -212,15 +224,18 @@ CUARENA_HOOK CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 }
 
 CUARENA_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
-  const CUresult r = real().stream_create(phStream, Flags);
-  if (r == CUDA_SUCCESS && phStream != nullptr) track_stream(*phStream);
-  return r;
+  return create_stream(phStream, Flags, 0, [&] { return real().stream_create(phStream, Flags); });
 }
 
 CUARENA_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority) {
-  const CUresult r = real().stream_create_with_priority(phStream, flags, priority);
-  if (r == CUDA_SUCCESS && phStream != nullptr) track_stream(*phStream);
-  return r;
+  // The driver clamps the priority to the device's range; so does a parked stream's match.
+  int least = 0, greatest = 0;
+  using Range = CUresult (*)(int*, int*);
+  static const Range range = reinterpret_cast<Range>(real_dlsym(libcuda(), "cuCtxGetStreamPriorityRange"));
+  if (range != nullptr && range(&least, &greatest) == CUDA_SUCCESS)
+    priority = std::min(least, std::max(greatest, priority));
+  return create_stream(phStream, flags, priority,
+                       [&] { return real().stream_create_with_priority(phStream, flags, priority); });
 }
 
 CUARENA_HOOK CUresult cuStreamDestroy_v2(CUstream hStream) {
@@ -228,7 +243,7 @@ CUARENA_HOOK CUresult cuStreamDestroy_v2(CUstream hStream) {
   if (hStream != nullptr && real().stream_get_ctx(hStream, &ctx) == CUDA_SUCCESS && ctx != nullptr) {
     if (DeviceState* s = Shim::get().of_context(ctx)) {
       try {
-        s->retire_stream(hStream);
+        if (!s->retire_stream(hStream)) return CUDA_SUCCESS;  // parked for cuarena
       } catch (const std::exception& e) {
         Shim::get().log("stream %p: %s", static_cast<void*>(hStream), e.what());
       }

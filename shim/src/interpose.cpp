@@ -27,7 +27,7 @@ struct Served {
 
 constexpr std::size_t kServed = 27;
 
-const std::array<Served, kServed>& served() {
+__attribute__((no_sanitize("address"))) const std::array<Served, kServed>& served() {
   static const std::array<Served, kServed> table = {{
       {"cuGetProcAddress", reinterpret_cast<void*>(&cuarena_cuGetProcAddress_v1), true},
       {"cuGetProcAddress_v2", reinterpret_cast<void*>(&cuGetProcAddress_v2), true},
@@ -61,7 +61,8 @@ const std::array<Served, kServed>& served() {
 }
 
 /// The hook for exactly `name` (cuDNN's cudnn* or a cuMem* the shim does not serve: none).
-void* hook_by_name(const char* name) {
+/// (Not instrumented: an ASan runtime calls dlsym while it starts, before it can check memory.)
+__attribute__((no_sanitize("address"))) void* hook_by_name(const char* name) {
   if (name == nullptr || name[0] != 'c' || name[1] != 'u') return nullptr;
   for (const Served& s : served())
     if (std::strcmp(s.name, name) == 0) return s.hook;
@@ -102,7 +103,7 @@ void* substitute(const char* symbol, void* fn) {
 // Any other name goes to libc's dlsym by a tail call, so that libc sees the caller's return
 // address: RTLD_NEXT then means "after the caller", and dlerror() names the caller's object, as
 // without the shim. (The optimize attribute keeps the sibling call in unoptimised builds.)
-extern "C" __attribute__((visibility("default"), optimize("O2", "optimize-sibling-calls")))
+extern "C" __attribute__((visibility("default"), optimize("O2", "optimize-sibling-calls"), no_sanitize("address")))
 void* dlsym(void* handle, const char* name) noexcept {
   void* hook = hook_by_name(name);
   // (A noexcept function may tail-call only a noexcept one.)

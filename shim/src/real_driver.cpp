@@ -7,7 +7,7 @@
 
 namespace cuarena::shim {
 
-DlsymFn libc_dlsym() {
+__attribute__((no_sanitize("address"))) DlsymFn libc_dlsym() {
   // glibc 2.34 moved dlsym into libc under a new version; older ones have only 2.2.5.
   static const DlsymFn fn = [] {
     void* f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
@@ -79,6 +79,7 @@ const RealDriver& RealDriver::get() {
     load(t.stream_destroy, "cuStreamDestroy_v2");
     load(t.stream_is_capturing, "cuStreamIsCapturing");
     load(t.stream_get_flags, "cuStreamGetFlags");
+    load(t.stream_get_priority, "cuStreamGetPriority");
     load(t.stream_get_ctx, "cuStreamGetCtx");
     load(t.ctx_get_current, "cuCtxGetCurrent");
     load(t.ctx_set_current, "cuCtxSetCurrent");

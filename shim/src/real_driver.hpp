@@ -47,6 +47,7 @@ struct RealDriver {
   decltype(&::cuStreamDestroy_v2) stream_destroy = nullptr;
   CUresult (*stream_is_capturing)(CUstream, CUstreamCaptureStatus*) = nullptr;
   CUresult (*stream_get_flags)(CUstream, unsigned int*) = nullptr;
+  CUresult (*stream_get_priority)(CUstream, int*) = nullptr;
   CUresult (*stream_get_ctx)(CUstream, CUcontext*) = nullptr;
   decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
   decltype(&::cuCtxSetCurrent) ctx_set_current = nullptr;

@@ -49,7 +49,7 @@ std::optional<CUresult> serve_alloc(CUdeviceptr* ptr, std::size_t bytes, CUstrea
   if (s == nullptr) return std::nullopt;
   const StreamId sid = alloc_stream(stream, ordering);
   try {
-    if (sid != 0) s->add_stream(stream);
+    if (sid != 0) s->add_stream(stream, true);
     void* p = s->allocate(bytes, sid);
     *ptr = reinterpret_cast<CUdeviceptr>(p);
     shim.served();

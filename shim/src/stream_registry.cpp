@@ -24,20 +24,41 @@ StreamRegistry::~StreamRegistry() {
   spare_->clear();
 }
 
-void StreamRegistry::add(CUstream stream) {
+void StreamRegistry::add(CUstream stream, bool used) {
   if (is_default(stream)) return;
-  for (const Known& k : streams_)
-    if (k.stream == stream) return;
+  for (Known& k : streams_) {
+    if (k.stream == stream) {
+      k.used = k.used || used;
+      return;
+    }
+  }
   unsigned flags = 0;
   if (RealDriver::get().stream_get_flags(stream, &flags) != CUDA_SUCCESS) return;  // not a live stream
-  streams_.push_back({stream, (flags & CU_STREAM_NON_BLOCKING) != 0});
+  streams_.push_back({stream, flags, used, false});
 }
 
-void StreamRegistry::retire(CUstream stream) {
+bool StreamRegistry::retire(CUstream stream) {
   auto it = std::find_if(streams_.begin(), streams_.end(), [&](const Known& k) { return k.stream == stream; });
-  if (it == streams_.end()) return;
+  if (it == streams_.end()) return true;
+  if (it->used) {
+    it->parked = true;
+    return false;
+  }
   streams_.erase(it);
   retired_.push_back(record(stream));
+  return true;
+}
+
+CUstream StreamRegistry::reuse(unsigned flags, int priority) {
+  const RealDriver& d = RealDriver::get();
+  for (Known& k : streams_) {
+    int p = 0;
+    if (k.parked && k.flags == flags && d.stream_get_priority(k.stream, &p) == CUDA_SUCCESS && p == priority) {
+      k.parked = false;
+      return k.stream;
+    }
+  }
+  return nullptr;
 }
 
 FenceEvent StreamRegistry::record(CUstream stream) {
@@ -64,7 +85,7 @@ bool StreamRegistry::record_fence(std::vector<FenceEvent>& out) {
   }
   out.push_back(record(CU_STREAM_LEGACY));
   for (const Known& k : streams_)
-    if (k.non_blocking) out.push_back(record(k.stream));
+    if (k.flags & CU_STREAM_NON_BLOCKING) out.push_back(record(k.stream));
   std::erase_if(retired_, [&](const FenceEvent& e) { return d.event_query(e.get()) == CUDA_SUCCESS; });
   out.insert(out.end(), retired_.begin(), retired_.end());
   return true;

@@ -6,6 +6,13 @@
 // non-blocking streams do not synchronise with it and get an event each. A destroyed stream's
 // work still runs: its last event stays in every fence until it completes.
 //
+// A stream cuarena has allocated or freed on is never really destroyed: cuarena keeps blocks and
+// events per stream and would record on a dead handle (and a new stream could get the old
+// handle, with the old one's blocks "in stream order"). The program's destroy parks it instead,
+// and its next create of a stream with the same flags and priority gets a parked one back, so the
+// streams kept stay bounded by the most the program ever had at once. (A parked stream keeps
+// attributes the program set on it.)
+//
 // Not thread-safe: DeviceState calls it under its own lock, with the context current.
 #pragma once
 
@@ -26,10 +33,14 @@ class StreamRegistry {
   StreamRegistry(const StreamRegistry&) = delete;
   StreamRegistry& operator=(const StreamRegistry&) = delete;
 
-  /// A stream the program created or used (legacy and per-thread handles are ignored).
-  void add(CUstream stream);
-  /// Before the program destroys `stream`: records its last event and forgets the stream.
-  void retire(CUstream stream);
+  /// A stream the program created or used; `used` when cuarena allocates or frees on it (legacy
+  /// and per-thread handles are ignored).
+  void add(CUstream stream, bool used);
+  /// The program destroys `stream`. True: the caller destroys it for real (its last event is
+  /// kept for the fences); false: it is parked (it was used), and must not be destroyed.
+  bool retire(CUstream stream);
+  /// A parked stream made with `flags` and `priority`, handed back to the program, or nullptr.
+  CUstream reuse(unsigned flags, int priority);
   /// Appends to `out` one event recorded now on the legacy stream and on each non-blocking
   /// stream, and the retired streams' events not yet complete. Returns false, recording
   /// nothing, while any known stream is capturing a graph (an event there, or on the legacy
@@ -41,7 +52,9 @@ class StreamRegistry {
   FenceEvent record(CUstream stream);
   struct Known {
     CUstream stream;
-    bool non_blocking;
+    unsigned flags;
+    bool used;    // cuarena has blocks or events on it
+    bool parked;  // destroyed by the program, kept for cuarena
   };
   std::vector<Known> streams_;
   std::vector<FenceEvent> retired_;
