@@ -22,7 +22,17 @@
 #                       ResNet-50, GPT-2 varlen, 30 steps each under native, expandable segments
 #                       and cuarena; its table goes to the log and to $OUT/train/compare.md), then
 #                       tests/gpu_torch/test_training.py checking its compare.json (train_tests)
-# Unset runs everything (part 1, the training comparison, the whole PyTorch suite, part 2).
+#   CUARENA_GPU_PART=5  the LD_PRELOAD shim (libcuarena_preload.so, from the same build):
+#                       tests/shim/gpu/run.sh, in three steps: shim_programs (the CUDA programs of
+#                       tests/shim/gpu without and with the shim, shim_stress under
+#                       compute-sanitizer memcheck, CUARENA_LOG/CUARENA_TRACE; one PASS/FAIL line
+#                       per case in its log, each case's output in $OUT/shim_gpu/), shim_jobs
+#                       (tests/shim/jobs under pytest, CUARENA_SHIM_JOBS_REQUIRED=1: a missing
+#                       framework fails) and shim_bench (bench/shim/compare.py, its results in
+#                       $OUT/shim); the last two are skipped where their files are absent.
+#                       shim_programs took about 30 s on the H200 (2026-12-01, 25 cases)
+# Unset runs everything (part 1, the shim, the training comparison, the whole PyTorch suite,
+# part 2).
 # On the H200 (2026-12-01) the PyTorch suite took 110 s (41 tests; a fresh process per scenario,
 # torch.compile 18 s) and the training comparison 205 s (9 runs of 11-32 s), too much to add to
 # part 1 beside its build.
@@ -96,8 +106,8 @@ if [ ! -x build-gpu/bin/gpu_tests ]; then
 fi
 part=${CUARENA_GPU_PART:-all}
 case "$part" in
-  all | 1 | 2 | 3 | 4) ;;
-  *) echo "gpu-test: CUARENA_GPU_PART must be 1, 2, 3 or 4 (or unset), not '$part'"; exit 2 ;;
+  all | 1 | 2 | 3 | 4 | 5) ;;
+  *) echo "gpu-test: CUARENA_GPU_PART must be 1, 2, 3, 4 or 5 (or unset), not '$part'"; exit 2 ;;
 esac
 if [ "$part" = all ] || [ "$part" = 1 ]; then
 step gpu_tests build-gpu/bin/gpu_tests --gtest_output=json:"$out/gpu_tests.json"
@@ -106,6 +116,14 @@ grep -h "gpu-replay" "$out/gpu_tests.log" || true
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
   build-gpu/bin/gpu_tests --gtest_filter='CudaVmmBackend.*:Upstreams/CudaAllocator.BlocksHold*:Upstreams/CudaAllocator.MultiThread*'
 step core_tests build-gpu/bin/core_tests
+fi
+if [ "$part" = all ] || [ "$part" = 5 ]; then
+  # The shim: each step is one part of tests/shim/gpu/run.sh (its cases' PASS/FAIL lines shown).
+  for shim_part in programs jobs bench; do
+    step "shim_$shim_part" env PYTHON="$python" CUARENA_SHIM_JOBS_REQUIRED=1 \
+      tests/shim/gpu/run.sh build-gpu "$out" "$shim_part"
+    grep -E '^(PASS|FAIL|SKIP) ' "$out/shim_$shim_part.log" || true
+  done
 fi
 # The PyTorch suite and the training comparison, from the source tree: the adapter the build
 # made, the package's sources on PYTHONPATH (no pip install: it would rebuild everything).
