@@ -16,9 +16,11 @@ const RealDriver& real() { return RealDriver::get(); }
 
 /// `served`, or the real call when the shim does not serve it.
 template <class Pass>
-CUresult or_pass(std::optional<CUresult> served, Pass&& pass) {
+CUresult or_pass(const char* call, std::optional<CUresult> served, Pass&& pass) {
   if (served) return *served;
-  Shim::get().passed();
+  Shim& shim = Shim::get();
+  shim.passed();
+  if (shim.logging()) shim.log("%s passed through", call);
   return pass();
 }
 
@@ -60,29 +62,29 @@ CUresult create_stream(CUstream* phStream, unsigned flags, int priority, Create&
 }  // namespace
 
 CUARENA_HOOK CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
-  return or_pass(serve_alloc(dptr, bytesize, nullptr, Ordering::kSync), [&] { return real().mem_alloc(dptr, bytesize); });
+  return or_pass("cuMemAlloc_v2", serve_alloc(dptr, bytesize, nullptr, Ordering::kSync), [&] { return real().mem_alloc(dptr, bytesize); });
 }
 
 CUARENA_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr) {
-  return or_pass(serve_free(dptr, nullptr, Ordering::kSync), [&] { return real().mem_free(dptr); });
+  return or_pass("cuMemFree_v2", serve_free(dptr, nullptr, Ordering::kSync), [&] { return real().mem_free(dptr); });
 }
 
 CUARENA_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  return or_pass(serve_alloc(dptr, bytesize, stream, Ordering::kAsync),
+  return or_pass("cuMemAllocAsync", serve_alloc(dptr, bytesize, stream, Ordering::kAsync),
                  [&] { return real().mem_alloc_async(dptr, bytesize, stream); });
 }
 
 CUARENA_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  return or_pass(serve_alloc(dptr, bytesize, stream, Ordering::kAsyncPerThread),
+  return or_pass("cuMemAllocAsync_ptsz", serve_alloc(dptr, bytesize, stream, Ordering::kAsyncPerThread),
                  [&] { return real().mem_alloc_async_ptsz(dptr, bytesize, stream); });
 }
 
 CUARENA_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-  return or_pass(serve_free(dptr, stream, Ordering::kAsync), [&] { return real().mem_free_async(dptr, stream); });
+  return or_pass("cuMemFreeAsync", serve_free(dptr, stream, Ordering::kAsync), [&] { return real().mem_free_async(dptr, stream); });
 }
 
 CUARENA_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
-  return or_pass(serve_free(dptr, stream, Ordering::kAsyncPerThread),
+  return or_pass("cuMemFreeAsync_ptsz", serve_free(dptr, stream, Ordering::kAsyncPerThread),
                  [&] { return real().mem_free_async_ptsz(dptr, stream); });
 }
 
@@ -100,17 +102,17 @@ bool default_pool(CUmemoryPool pool) {
 CUARENA_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
   std::optional<CUresult> r;
   if (default_pool(pool)) r = serve_alloc(dptr, bytesize, stream, Ordering::kAsync);
-  return or_pass(r, [&] { return real().mem_alloc_from_pool_async(dptr, bytesize, pool, stream); });
+  return or_pass("cuMemAllocFromPoolAsync", r, [&] { return real().mem_alloc_from_pool_async(dptr, bytesize, pool, stream); });
 }
 
 CUARENA_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
   std::optional<CUresult> r;
   if (default_pool(pool)) r = serve_alloc(dptr, bytesize, stream, Ordering::kAsyncPerThread);
-  return or_pass(r, [&] { return real().mem_alloc_from_pool_async_ptsz(dptr, bytesize, pool, stream); });
+  return or_pass("cuMemAllocFromPoolAsync_ptsz", r, [&] { return real().mem_alloc_from_pool_async_ptsz(dptr, bytesize, pool, stream); });
 }
 
 CUARENA_HOOK CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
-  return or_pass(serve_mem_info(free, total), [&] { return real().mem_get_info(free, total); });
+  return or_pass("cuMemGetInfo_v2", serve_mem_info(free, total), [&] { return real().mem_get_info(free, total); });
 }
 
 CUARENA_HOOK CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
@@ -128,6 +130,7 @@ CUARENA_HOOK CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
       break;
   }
   Shim::get().passed();
+  Shim::get().log("cuMemGetAddressRange_v2 passed through");
   return real().mem_get_address_range(pbase, psize, dptr);
 }
 
@@ -148,6 +151,7 @@ CUARENA_HOOK CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr
     }
   }
   Shim::get().passed();
+  if (Shim::get().logging()) Shim::get().log("cuPointerGetAttribute(%d) passed through", int(attribute));
   return real().pointer_get_attribute(data, attribute, ptr);
 }
 
