@@ -22,6 +22,7 @@
 #                       ResNet-50, GPT-2 varlen, 30 steps each under native, expandable segments
 #                       and cuarena; its table goes to the log and to $OUT/train/compare.md), then
 #                       tests/gpu_torch/test_training.py checking its compare.json (train_tests)
+#   CUARENA_GPU_PART=build  only the build (what the other parts start with)
 #   CUARENA_GPU_PART=5  the LD_PRELOAD shim (libcuarena_preload.so, from the same build):
 #                       tests/shim/gpu/run.sh, in three steps: shim_programs (the CUDA programs of
 #                       tests/shim/gpu without and with the shim, shim_stress under
@@ -107,7 +108,8 @@ fi
 part=${CUARENA_GPU_PART:-all}
 case "$part" in
   all | 1 | 2 | 3 | 4 | 5) ;;
-  *) echo "gpu-test: CUARENA_GPU_PART must be 1, 2, 3, 4 or 5 (or unset), not '$part'"; exit 2 ;;
+  build) echo "$passed passed, $failed failed"; exit 0 ;;  # the build alone
+  *) echo "gpu-test: CUARENA_GPU_PART must be build, 1, 2, 3, 4 or 5 (or unset), not '$part'"; exit 2 ;;
 esac
 if [ "$part" = all ] || [ "$part" = 1 ]; then
 step gpu_tests build-gpu/bin/gpu_tests --gtest_output=json:"$out/gpu_tests.json"

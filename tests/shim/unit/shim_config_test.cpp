@@ -1,0 +1,72 @@
+// The shim's settings (shim/src/shim_config.cpp): its own CUARENA_CONF keys, the core's, and the
+// environment variables, without loading the shim.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "cuarena/errors.hpp"
+#include "shim_config.hpp"
+
+using cuarena::ConfigError;
+using cuarena::shim::ShimConfig;
+
+TEST(ShimConfig, DefaultsWhenEmpty) {
+  const ShimConfig c = ShimConfig::parse("");
+  EXPECT_EQ(c.memory_limit, 0u);
+  EXPECT_EQ(c.pending_free_bytes, std::size_t{64} << 20);
+  EXPECT_EQ(c.core, cuarena::Config{});
+}
+
+TEST(ShimConfig, ShimKeysAreTakenOutAndTheRestGoesToTheCore) {
+  const ShimConfig c = ShimConfig::parse("whole_chunk_min:0,memory_limit:40GiB,pending_free_bytes:1GiB,dormant_maps:2");
+  EXPECT_EQ(c.memory_limit, std::size_t{40} << 30);
+  EXPECT_EQ(c.pending_free_bytes, std::size_t{1} << 30);
+  EXPECT_EQ(c.core.whole_chunk_min, 0u);
+  EXPECT_EQ(c.core.dormant_maps, 2u);
+  EXPECT_EQ(ShimConfig::parse("memory_limit:80GB").memory_limit, std::size_t{80'000'000'000});
+}
+
+TEST(ShimConfig, BadInputNamesTheKey) {
+  auto message = [](const char* conf) {
+    try {
+      ShimConfig::parse(conf);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(message("bogus_key:1").find("bogus_key"), std::string::npos);
+  EXPECT_NE(message("memory_limit").find("memory_limit"), std::string::npos);
+  EXPECT_NE(message("memory_limit:").find("memory_limit"), std::string::npos);
+  EXPECT_NE(message("memory_limit:12zz").find("memory_limit"), std::string::npos);
+  EXPECT_NE(message("pending_free_bytes:64TiB").find("larger than any device"), std::string::npos);
+  EXPECT_NE(message("memory_limit:1GiB,whole_chunk_min:x").find("whole_chunk_min"), std::string::npos);
+}
+
+TEST(ShimConfig, EnvironmentVariables) {
+  setenv("CUARENA_CONF", "memory_limit:1GiB", 1);
+  setenv("CUARENA_LOG", "1", 1);
+  setenv("CUARENA_SUMMARY", "0", 1);
+  setenv("CUARENA_TRACE", "/tmp/t.cuat", 1);
+  setenv("CUARENA_KEEP_TORCH_CACHE", "1", 1);
+  ShimConfig c = ShimConfig::from_env();
+  EXPECT_EQ(c.memory_limit, std::size_t{1} << 30);
+  EXPECT_EQ(c.log_path, "-");
+  EXPECT_FALSE(c.summary);
+  EXPECT_EQ(c.trace_path, "/tmp/t.cuat");
+  EXPECT_TRUE(c.keep_torch_cache);
+  setenv("CUARENA_LOG", "/tmp/shim.log", 1);
+  setenv("CUARENA_SUMMARY", "1", 1);
+  c = ShimConfig::from_env();
+  EXPECT_EQ(c.log_path, "/tmp/shim.log");
+  EXPECT_TRUE(c.summary);
+  setenv("CUARENA_CONF", "nope:1", 1);
+  try {
+    ShimConfig::from_env();
+    ADD_FAILURE() << "a bad CUARENA_CONF was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("CUARENA_CONF: ", 0), 0u) << e.what();
+  }
+  for (const char* v : {"CUARENA_CONF", "CUARENA_LOG", "CUARENA_SUMMARY", "CUARENA_TRACE", "CUARENA_KEEP_TORCH_CACHE"})
+    unsetenv(v);
+}
