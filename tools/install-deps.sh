@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what cuarena builds and tests with: Debian packages (compiler, CMake, Ninja,
-# GoogleTest, Google Benchmark, CLI11, nlohmann-json, zlib), and from PyPI pytest, torch 2.11.0
-# and scikit-build-core (for the Python package `cuarena` and its tests; torch's PyPI wheel is
-# the CUDA 13.0 build with its nvidia-* dependencies, about 3-4 GB, and imports without a GPU).
+# GoogleTest, Google Benchmark, CLI11, nlohmann-json, zlib), and from PyPI pytest, matplotlib
+# (`cuarena replay --report`), torch 2.11.0 and scikit-build-core (for the Python package
+# `cuarena` and its tests; torch's PyPI wheel is the CUDA 13.0 build with its nvidia-*
+# dependencies, about 3-4 GB, and imports without a GPU).
 # CUARENA_NO_TORCH=1 skips torch and scikit-build-core (their tests then skip).
 # Idempotent: installs only what is missing. Needs root or sudo for apt-get.
 set -euo pipefail
@@ -34,6 +35,12 @@ sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNAL
 if ! python3 -m pytest --version >/dev/null 2>&1; then
   echo "install-deps: installing pytest"
   pip_install pytest
+fi
+
+# The replayer's --report draws with matplotlib, in the same interpreter (its tests need it).
+if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
+  echo "install-deps: installing matplotlib"
+  pip_install matplotlib
 fi
 
 torch_version=2.11.0  # the torch the adapter is built and tested against (allocator/torch)

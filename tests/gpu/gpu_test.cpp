@@ -429,6 +429,26 @@ TEST_P(GpuReplay, DefaultVerifiedAndWithinTheSimulatorsRange) {
             << lo << " .. " << hi << " alloc p50 " << r.latency_us->alloc_p50 << " us\n";
 }
 
+// --series on a GPU: reserved bytes read after every event (frees too) peak where the row's
+// peak, read after allocations, does; the requested bytes peak at the trace's peak requested.
+TEST(GpuReplaySeries, PeaksAtTheRowsPeak) {
+  REQUIRE_GPU();
+  const auto events = load_trace(std::string(CUARENA_TRACE_DIR) + "/bert_varlen_infer.pickle.gz");
+  for (const char* name : {"cuarena", "cuda-malloc", "cuda-async", "cub"}) {
+    SCOPED_TRACE(name);
+    auto gpu = make_gpu_allocator(name, 0, Config{});
+    GpuReplayOptions options;
+    options.series = true;
+    const Result r = replay_gpu(events, *gpu, options);
+    ASSERT_TRUE(r.series.has_value());
+    const Series& s = *r.series;
+    EXPECT_LE(s.event.size(), kSeriesPoints);
+    EXPECT_EQ(s.event.back(), events.size() - 1);
+    EXPECT_EQ(*std::max_element(s.reserved.begin(), s.reserved.end()), r.peak_reserved_bytes);
+    EXPECT_EQ(*std::max_element(s.requested.begin(), s.requested.end()), r.peak_requested_bytes);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Traces, GpuReplay,
                          ::testing::Values("gpt2_train.pickle.gz", "resnet50_amp.pickle.gz",
                                            "bert_varlen_infer.pickle.gz", "vit_multistream.pickle.gz",

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -67,8 +68,11 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
   std::unordered_map<std::uint64_t, LiveBlock> live;
   std::uint64_t next_tag = 1;
   std::size_t peak_reserved = 0, peak_device_used = 0;
+  std::optional<SeriesRecorder> series;
+  if (options.series) series.emplace(events.size());
   const auto start = Clock::now();
   for (const Event& e : events) {
+    std::optional<std::size_t> reserved_now;  // read after an allocation
     if (e.action == Action::kAlloc) {
       ++r.allocs;
       auto old = live.find(e.addr);
@@ -89,35 +93,37 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
           r.first_oom->request = e.size;
         }
         if (options.stop_at_oom) break;
-        continue;
-      }
-      const std::uint64_t tag = next_tag++;
-      if (options.verify) launch_tag(p, e.size, tag, stream);
-      live.emplace(e.addr, LiveBlock{p, e.size, stream, tag});
-      const std::size_t reserved = allocator.reserved_bytes();
-      if (reserved > peak_reserved) {
-        peak_reserved = reserved;
-        std::size_t free_now = 0;
-        check_cuda(cudaMemGetInfo(&free_now, &total), "cudaMemGetInfo");
-        peak_device_used = std::max(peak_device_used, free0 > free_now ? free0 - free_now : 0);
+      } else {
+        const std::uint64_t tag = next_tag++;
+        if (options.verify) launch_tag(p, e.size, tag, stream);
+        live.emplace(e.addr, LiveBlock{p, e.size, stream, tag});
+        const std::size_t reserved = allocator.reserved_bytes();
+        reserved_now = reserved;
+        if (reserved > peak_reserved) {
+          peak_reserved = reserved;
+          std::size_t free_now = 0;
+          check_cuda(cudaMemGetInfo(&free_now, &total), "cudaMemGetInfo");
+          peak_device_used = std::max(peak_device_used, free0 > free_now ? free0 - free_now : 0);
+        }
       }
     } else if (e.action == Action::kFreeCompleted) {
       auto it = live.find(e.addr);
       if (it == live.end()) {
         ++r.skipped_events;
-        continue;
+      } else {
+        ++r.frees;
+        const LiveBlock b = it->second;
+        live.erase(it);
+        if (options.verify) launch_check(b.ptr, b.size, b.tag, error_flag, b.stream);
+        const auto t0 = Clock::now();
+        allocator.deallocate(b.ptr, b.size, b.stream);
+        const auto t1 = Clock::now();
+        free_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
       }
-      ++r.frees;
-      const LiveBlock b = it->second;
-      live.erase(it);
-      if (options.verify) launch_check(b.ptr, b.size, b.tag, error_flag, b.stream);
-      const auto t0 = Clock::now();
-      allocator.deallocate(b.ptr, b.size, b.stream);
-      const auto t1 = Clock::now();
-      free_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     } else if (e.action == Action::kOther) {
       ++r.skipped_events;
     }
+    if (series) series->add(reserved_now ? *reserved_now : allocator.reserved_bytes());
   }
   for (auto& [addr, b] : live) {
     if (options.verify) launch_check(b.ptr, b.size, b.tag, error_flag, b.stream);
@@ -135,6 +141,7 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
   for (auto& [h, s] : streams) cudaStreamDestroy(s);
 
   r.peak_reserved_bytes = peak_reserved;
+  if (series) r.series = series->finish(events);
   r.peak_requested_bytes = peak_requested(events);
   r.reserved_ratio =
       r.peak_requested_bytes ? double(r.peak_reserved_bytes) / double(r.peak_requested_bytes) : 0;

@@ -72,6 +72,9 @@ struct GpuReplayOptions {
   bool verify = false;   ///< tag every block with a kernel and check the tag before its free
   int device = 0;
   bool stop_at_oom = false;  ///< end at the first out-of-memory (the capacity search)
+  /// Fill Result::series: the allocator's reserved bytes read after every event (after frees
+  /// too, outside the timed calls; the peak is read after allocations only, as without it).
+  bool series = false;
 };
 
 /// Replays one device's events. Fills peak_reserved (own accounting), latency percentiles

@@ -49,6 +49,8 @@ struct ReplayArgs {
   std::string config;
   std::string torch_conf;
   std::string json;
+  bool series = false;  // --json gains each row's series
+  std::string report;   // --report PATH.html|PATH.png
 };
 
 // PyTorch's allocator in a fresh process (it reads PYTORCH_CUDA_ALLOC_CONF once, at load).
@@ -72,6 +74,7 @@ std::optional<Result> replay_torch(const std::string& trace, const std::string& 
   std::vector<std::string> argv = {exe, trace, mode, tmpl, "--device", std::to_string(a.device)};
   if (a.verify) argv.push_back("--verify");
   if (a.min_capacity) argv.push_back("--min-capacity");
+  if (a.series || !a.report.empty()) argv.push_back("--series");
   std::string err;
   const int rc = run_process(argv, {"PYTORCH_CUDA_ALLOC_CONF=" + conf}, err);
   if (rc != 0) {
@@ -124,6 +127,7 @@ std::optional<Result> replay_one_gpu(const std::string& path, const std::vector<
   GpuReplayOptions options;
   options.verify = a.verify;
   options.device = a.device;
+  options.series = !a.report.empty() || a.series;
   Result r;
   {  // destroyed before the capacity search, so its memory is back on the device
     std::unique_ptr<GpuAllocator> impl = make_gpu_allocator(allocator, a.device, config);
@@ -219,6 +223,9 @@ int run_replay(ReplayArgs a) {
     throw ConfigError(kNoCudaSupport);
 #endif
   }
+  if (a.series && a.json.empty())
+    throw ConfigError("--series adds the time series to the JSON: give --json FILE too");
+  sim.series = a.series || !a.report.empty();
   if (!a.json.empty()) {
     // Fail now, not after a long replay, if the JSON cannot be written, without creating it:
     // a run that fails leaves no empty results file behind.
@@ -233,6 +240,8 @@ int run_replay(ReplayArgs a) {
       throw ConfigError("--json " + a.json + ": cannot write " + (exists ? "it" : "in " + dir) +
                         ": " + std::strerror(errno));
   }
+  // The same for the report, and that matplotlib is there to draw it.
+  if (!a.report.empty()) check_report(a.report);
   // Load everything first, so a bad file is reported before any long replay; the others are
   // still replayed and the exit status is 2 at the end.
   std::vector<std::pair<std::string, std::vector<Event>>> traces;
@@ -268,7 +277,7 @@ int run_replay(ReplayArgs a) {
                       "no 'recorded' row: the trace has no segment events (RMM logs and "
                       "cuarena recordings do not hold the upstream's reservations)");
           } else {
-            rows.push_back(replay_recorded(ev));
+            rows.push_back(replay_recorded(ev, sim.series));
           }
         } else {
           if (allocator == "cuarena" && on_sim) {
@@ -310,7 +319,8 @@ int run_replay(ReplayArgs a) {
     std::cout << '\n';
     print_verdicts(std::cout, results);
   }
-  if (!a.json.empty()) write_json(a.json, results);
+  if (!a.json.empty()) write_json(a.json, results, a.series);
+  if (!a.report.empty()) write_report(a.report, results);
   if (bad_input) return 2;  // bad input outranks a failed replay
   return failures || (a.check && out_of_memory) ? 1 : 0;
 }
@@ -365,6 +375,12 @@ int main(int argc, char** argv) {
                      "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, "
                      "garbage_collection_threshold (needs --capacity), expandable_segments");
   replay->add_option("--json", ra.json, "Also write the results as JSON to this file");
+  replay->add_flag("--series", ra.series,
+                   "With --json: add each row's reserved and requested bytes over the replay "
+                   "(at most 2000 points, each the largest of its window of events)");
+  replay->add_option("--report", ra.report,
+                     "Draw reserved and requested memory over the replay for every row, peaks "
+                     "marked (needs matplotlib): PATH.png, or PATH.html with the table beside it");
 
   std::string conv_in, conv_out;
   CLI::App* convert = app.add_subcommand("convert", "Convert a trace to the compact .cuat format");

@@ -122,6 +122,63 @@ std::vector<std::pair<int, std::vector<Event>>> split_by_device(const std::vecto
   return {std::make_move_iterator(by.begin()), std::make_move_iterator(by.end())};
 }
 
+SeriesRecorder::SeriesRecorder(std::size_t events, std::size_t max_points) {
+  const std::uint64_t m = std::max<std::uint64_t>(max_points, 1);
+  s_.window = std::max<std::uint64_t>(1, (std::uint64_t(events) + m - 1) / m);
+  const std::size_t points = std::size_t((std::uint64_t(events) + s_.window - 1) / s_.window);
+  s_.event.reserve(points);
+  s_.reserved.reserve(points);
+}
+
+void SeriesRecorder::close_point() {
+  s_.event.push_back(added_ - 1);
+  s_.reserved.push_back(max_);
+  max_ = 0;
+}
+
+void SeriesRecorder::add(std::uint64_t reserved) {
+  max_ = std::max(max_, reserved);
+  if (++added_ % s_.window == 0) close_point();
+}
+
+Series SeriesRecorder::finish(const std::vector<Event>& events) {
+  if (added_ % s_.window != 0) close_point();
+  const std::size_t n = std::min<std::size_t>(std::size_t(added_), events.size());
+  // Live requested bytes after each event, by peak_requested()'s rules.
+  std::unordered_map<std::uint64_t, std::uint64_t> live;
+  std::uint64_t current = 0, window_max = 0;
+  bool timed = false;
+  s_.requested.reserve(s_.event.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const Event& e = events[i];
+    timed = timed || e.time_us != 0;
+    if (e.action == Action::kAlloc) {
+      auto [it, inserted] = live.try_emplace(e.addr, e.size);
+      if (!inserted) {  // the trace lost this address's free
+        current -= it->second;
+        it->second = e.size;
+      }
+      current += e.size;
+    } else if (e.action == Action::kFreeCompleted) {
+      if (auto it = live.find(e.addr); it != live.end()) {
+        current -= it->second;
+        live.erase(it);
+      }
+    }
+    window_max = std::max(window_max, current);
+    if ((i + 1) % s_.window == 0 || i + 1 == n) {
+      s_.requested.push_back(window_max);
+      window_max = 0;
+    }
+  }
+  s_.requested.resize(s_.event.size(), 0);  // add() called past the events: nothing requested
+  if (timed) {
+    s_.time_us.reserve(s_.event.size());
+    for (std::uint64_t i : s_.event) s_.time_us.push_back(i < n ? events[i].time_us : 0);
+  }
+  return std::move(s_);
+}
+
 std::uint64_t peak_requested(const std::vector<Event>& events) {
   std::unordered_map<std::uint64_t, std::uint64_t> live;
   std::uint64_t current = 0, peak = 0;
@@ -144,8 +201,10 @@ std::uint64_t peak_requested(const std::vector<Event>& events) {
   return peak;
 }
 
-Result replay_recorded(const std::vector<Event>& events) {
+Result replay_recorded(const std::vector<Event>& events, bool series) {
   const auto start = Clock::now();
+  std::optional<SeriesRecorder> rec;
+  if (series) rec.emplace(events.size());
   Result r;
   r.allocator = "recorded";
   r.backend = "trace";
@@ -177,8 +236,10 @@ Result replay_recorded(const std::vector<Event>& events) {
       default:
         break;
     }
+    if (rec) rec->add(std::uint64_t(std::max<std::int64_t>(reserved, 0)));
   }
   r.peak_reserved_bytes = std::uint64_t(std::max<std::int64_t>(peak, 0));
+  if (rec) r.series = rec->finish(events);
 
   // Fragmentation at the peak, and the free pieces at the first out-of-memory event.
   if (peak > 0) {
@@ -253,8 +314,10 @@ SimBackend::Options sim_options(const SimOptions& o) {
   return so;
 }
 
-// Replays events[0, stop) (all when stop is npos); measures fragmentation at `stop`.
-SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std::size_t stop) {
+// Replays events[0, stop) (all when stop is npos); measures fragmentation at `stop`. Feeds
+// `series` (when given) the reserved bytes after each event.
+SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std::size_t stop,
+               SeriesRecorder* series = nullptr) {
   SimBackend sim(sim_options(options));
   Allocator alloc(sim, options.config);
   std::unordered_map<std::uint64_t, void*> live;  // trace address -> cuarena pointer
@@ -302,6 +365,7 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
       run.peak_reserved = sim.physical_bytes();
       run.peak_index = i;
     }
+    if (series) series->add(sim.physical_bytes());
   }
   if (stop != std::string::npos) {
     run.frag = alloc.fragmentation();
@@ -335,8 +399,11 @@ std::uint64_t sim_capacity_bytes(const SimOptions& options) {
 
 Result replay_cuarena(const std::vector<Event>& events, const SimOptions& options) {
   const auto start = Clock::now();
-  SimRun run = run_sim(events, options, std::string::npos);
+  std::optional<SeriesRecorder> rec;
+  if (options.series) rec.emplace(events.size());
+  SimRun run = run_sim(events, options, std::string::npos, rec ? &*rec : nullptr);
   Result r;
+  if (rec) r.series = rec->finish(events);
   r.allocator = "cuarena";
   r.backend = "sim";
   r.ooms = run.ooms;

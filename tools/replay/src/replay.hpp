@@ -19,6 +19,37 @@ struct CapacityProbe {
   std::uint64_t ooms = 0;
 };
 
+/// Reserved and requested bytes over one replay (--series, --report), downsampled to at most
+/// `max_points` points: point k covers events [k * window, (k + 1) * window) and holds the
+/// largest value after any of them, so no peak is lost (the largest reserved value is the row's
+/// peak_reserved_bytes, the largest requested its peak_requested_bytes).
+struct Series {
+  std::uint64_t window = 1;              ///< events per point (the last point may hold fewer)
+  std::vector<std::uint64_t> event;      ///< the last event index of each point's window
+  std::vector<std::int64_t> time_us;     ///< that event's trace time; empty if the trace has none
+  std::vector<std::uint64_t> reserved;   ///< the allocator's reserved bytes, the window's largest
+  std::vector<std::uint64_t> requested;  ///< live requested bytes, the window's largest
+};
+
+/// Points a series holds at most.
+inline constexpr std::size_t kSeriesPoints = 2000;
+
+/// Builds a Series while a replay runs: add() once after each event, in order, with the
+/// reserved bytes then; finish() adds the requested bytes and trace times of the same events.
+class SeriesRecorder {
+ public:
+  /// `events`: how many the replay has (the window is ceil(events / max_points)).
+  explicit SeriesRecorder(std::size_t events, std::size_t max_points = kSeriesPoints);
+  void add(std::uint64_t reserved);
+  /// The series of events[0, number of add() calls).
+  Series finish(const std::vector<Event>& events);
+
+ private:
+  void close_point();
+  Series s_;
+  std::uint64_t added_ = 0, max_ = 0;
+};
+
 struct Result {
   std::string trace;
   std::string allocator;  ///< "recorded" or "cuarena"
@@ -61,6 +92,8 @@ struct Result {
   /// One line for people: fits with how much to spare, or where it ran out of memory and what
   /// was free then (verdict() in report.hpp; set with --capacity or --check).
   std::string verdict;
+  /// Reserved and requested bytes over the replay, when asked for (the rows' series_points).
+  std::optional<Series> series;
 };
 
 /// Events of one device, in trace order.
@@ -74,13 +107,15 @@ std::vector<std::pair<int, std::vector<Event>>> split_by_device(const std::vecto
 /// The largest sum of live requested bytes (alloc adds, free_completed of a seen alloc removes).
 std::uint64_t peak_requested(const std::vector<Event>& events);
 
-/// The recording allocator's reserved bytes rebuilt from segment_* events.
-Result replay_recorded(const std::vector<Event>& events);
+/// The recording allocator's reserved bytes rebuilt from segment_* events; with `series`, also
+/// Result::series.
+Result replay_recorded(const std::vector<Event>& events, bool series = false);
 
 struct SimOptions {
   Config config;
   std::size_t capacity = 0;  ///< bytes; 0: config.sim_capacity or the recorded H200's
   std::string torch_conf{};  ///< PYTORCH_CUDA_ALLOC_CONF-style settings of the torch-*-sim rows
+  bool series = false;       ///< fill Result::series (the row's replay; capacity probes never)
 };
 
 /// The simulated device's bytes under `options` (--capacity, else sim_capacity, else the

@@ -1,11 +1,22 @@
 #include "report.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cuarena/config.hpp"
+#include "cuarena/errors.hpp"
+#include "process.hpp"
 
 namespace cuarena::replay {
 
@@ -148,7 +159,7 @@ void print_table(std::ostream& out, const std::vector<Result>& results) {
   }
 }
 
-void write_json(const std::string& path, const std::vector<Result>& results) {
+void write_json(const std::string& path, const std::vector<Result>& results, bool series) {
   nlohmann::json doc;
   doc["results"] = nlohmann::json::array();
   for (const Result& r : results) {
@@ -191,6 +202,14 @@ void write_json(const std::string& path, const std::vector<Result>& results) {
       j["first_oom"] = o;
     }
     if (!r.verdict.empty()) j["verdict"] = r.verdict;
+    if (series && r.series) {
+      const Series& t = *r.series;
+      j["series"] = {{"window", t.window},
+                     {"event", t.event},
+                     {"reserved_bytes", t.reserved},
+                     {"requested_bytes", t.requested}};
+      if (!t.time_us.empty()) j["series"]["time_us"] = t.time_us;
+    }
     doc["results"].push_back(j);
   }
   std::ofstream out(path);
@@ -250,12 +269,92 @@ std::vector<Result> read_json(const std::string& path) {
         r.first_oom = f;
       }
       r.verdict = j.value("verdict", std::string());
+      if (j.contains("series")) {
+        const auto& t = j["series"];
+        Series series;
+        series.window = t.at("window");
+        series.event = t.at("event").get<std::vector<std::uint64_t>>();
+        series.reserved = t.at("reserved_bytes").get<std::vector<std::uint64_t>>();
+        series.requested = t.at("requested_bytes").get<std::vector<std::uint64_t>>();
+        if (t.contains("time_us")) series.time_us = t["time_us"].get<std::vector<std::int64_t>>();
+        r.series = std::move(series);
+      }
       out.push_back(std::move(r));
     }
   } catch (const nlohmann::json::exception& e) {
     throw TraceError(path + ": not a cuarena results file (" + e.what() + ")");
   }
   return out;
+}
+
+namespace {
+
+std::string report_script() {
+  if (const char* p = std::getenv("CUARENA_REPORT_SCRIPT")) return p;
+  return CUARENA_REPORT_SCRIPT;
+}
+
+// Runs the report script with `args`; "" when it succeeded, else its message: the last line
+// it wrote to stderr (it prints one, "cuarena-report: ...", for every failure it foresees),
+// clipped, or its exit status.
+std::string run_report_script(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {python_executable(), report_script()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string err;
+  int rc = 0;
+  try {
+    rc = run_process(argv, {}, err);
+  } catch (const std::runtime_error& e) {
+    return std::string("cannot run the report script: ") + e.what();
+  }
+  if (rc == 0) return "";
+  while (!err.empty() && (err.back() == '\n' || err.back() == '\r')) err.pop_back();
+  const std::size_t nl = err.rfind('\n');
+  std::string line = clip(nl == std::string::npos ? err : err.substr(nl + 1), 400);
+  const std::string prefix = "cuarena-report: ";
+  if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
+  return "the report script " + report_script() + " failed (exit " + std::to_string(rc) + ")" +
+         (line.empty() ? "" : ": " + line);
+}
+
+}  // namespace
+
+void check_report(const std::string& path) {
+  const std::filesystem::path p(path);
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (ext != ".html" && ext != ".png")
+    throw ConfigError("--report " + clip(path) +
+                      ": give a file name ending in .html (the plot beside the table) or .png "
+                      "(the plot alone)");
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec))
+    throw ConfigError("--report " + path + " is a directory; give a file name such as " +
+                      (p / "report.html").string());
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  if (!std::filesystem::is_directory(dir, ec))
+    throw ConfigError("--report " + path + ": no directory " + dir);
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw ConfigError("--report " + path + ": cannot write in " + dir + ": " + std::strerror(errno));
+  const std::string why = run_report_script({"--check"});
+  if (!why.empty()) throw ConfigError("--report " + path + ": " + why);
+}
+
+void write_report(const std::string& path, const std::vector<Result>& results) {
+  char tmpl[] = "/tmp/cuarena-report-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) throw TraceError("--report " + path + ": cannot create a temporary file");
+  close(fd);
+  std::string why;
+  try {
+    write_json(tmpl, results, true);
+    why = run_report_script({tmpl, path});
+  } catch (...) {
+    std::remove(tmpl);
+    throw;
+  }
+  std::remove(tmpl);
+  if (!why.empty()) throw TraceError("--report " + path + ": " + why);
 }
 
 }  // namespace cuarena::replay

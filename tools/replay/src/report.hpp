@@ -41,10 +41,22 @@ void print_verdicts(std::ostream& out, const std::vector<Result>& results);
 /// Writes the results as an aligned text table.
 void print_table(std::ostream& out, const std::vector<Result>& results);
 
-/// Writes {"results": [...]} to `path`. Throws TraceError when the file cannot be written.
-void write_json(const std::string& path, const std::vector<Result>& results);
+/// Writes {"results": [...]} to `path`, with each row's "series" when `series` (and the row has
+/// one). Throws TraceError when the file cannot be written.
+void write_json(const std::string& path, const std::vector<Result>& results, bool series = false);
 
 /// Reads what write_json() wrote. Throws TraceError.
 std::vector<Result> read_json(const std::string& path);
+
+/// --report PATH: checks, before any replay, that PATH ends in .html or .png, is not a
+/// directory, can be written, and that the report script's Python has matplotlib. Throws
+/// ConfigError naming the problem (for a missing module: which, and how to install it).
+void check_report(const std::string& path);
+
+/// Draws reserved (one line per row) and requested bytes over the replay, each peak marked, as
+/// a PNG at `path`, or for .html a page with that picture beside the rows' table
+/// (tools/replay/report.py, given the rows' JSON with their series). Rows without a series are
+/// in the table only. A failed write leaves no file. Throws TraceError naming the problem.
+void write_report(const std::string& path, const std::vector<Result>& results);
 
 }  // namespace cuarena::replay

@@ -97,7 +97,7 @@ std::optional<std::uint64_t> min_capacity(const std::vector<cuarena::replay::Eve
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::cerr << "usage: cuarena_torch_replay TRACE NAME JSON [--verify] [--device N] "
-                 "[--min-capacity]\n";
+                 "[--min-capacity] [--series]\n";
     return 2;
   }
   GpuReplayOptions options;
@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   for (int i = 4; i < argc; ++i) {
     if (std::strcmp(argv[i], "--verify") == 0) options.verify = true;
     else if (std::strcmp(argv[i], "--min-capacity") == 0) search = true;
+    else if (std::strcmp(argv[i], "--series") == 0) options.series = true;
     else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc) options.device = std::atoi(argv[++i]);
     else {
       std::cerr << "cuarena_torch_replay: error: unknown argument " << argv[i] << '\n';
@@ -117,7 +118,7 @@ int main(int argc, char** argv) {
     Result r = replay_gpu(events, allocator, options);
     if (search) r.min_capacity_bytes = min_capacity(events, allocator, r, options.device);
     r.trace = trace_name(argv[1]);
-    write_json(argv[3], {r});
+    write_json(argv[3], {r}, options.series);
   } catch (const TraceError& e) {
     std::cerr << "cuarena_torch_replay: error: " << e.what() << '\n';
     return 2;

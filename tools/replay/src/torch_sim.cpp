@@ -751,6 +751,7 @@ bool TorchCachingSim::device_has(std::uint64_t bytes) const {
 void TorchCachingSim::add_reserved(std::int64_t bytes) {
   reserved_ = std::uint64_t(std::int64_t(reserved_) + bytes);
   peak_reserved_ = std::max(peak_reserved_, reserved_);
+  interval_peak_ = std::max(interval_peak_, reserved_);
 }
 
 // PyTorch counts and collects only under a memory fraction (set_fraction).
@@ -809,9 +810,10 @@ Result::FirstOom describe_oom(const TorchCachingSim& sim, std::size_t index, std
   return oom;
 }
 
-// Replays the trace; stops at the first out-of-memory when `stop_at_oom`.
+// Replays the trace; stops at the first out-of-memory when `stop_at_oom`. Feeds `series` (when
+// given) the most reserved bytes during each event.
 TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& options,
-                   bool stop_at_oom) {
+                   bool stop_at_oom, SeriesRecorder* series = nullptr) {
   TorchCachingSim sim(sim_options(options));
   std::unordered_map<std::uint64_t, std::optional<TorchCachingSim::Handle>> live;
   TorchRun run;
@@ -829,7 +831,7 @@ TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& opti
         // itself is not replayed.)
         if (!released) sim.empty_cache();
         released = true;
-        continue;
+        break;  // (a release cannot raise the peak checked below)
       case Action::kAlloc: {
         released = false;
         ++r.allocs;
@@ -874,6 +876,7 @@ TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& opti
       r.rounding_waste_bytes = sim.allocated_bytes() - sim.requested_bytes();
       r.counters["peak.segments"] = std::int64_t(sim.segment_count());
     }
+    if (series) series->add(sim.take_interval_peak());
     if (stop_at_oom && r.ooms) break;
   }
   const TorchCachingSim::Stats& s = sim.stats();
@@ -890,7 +893,10 @@ TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& opti
 
 Result replay_torch_sim(const std::vector<Event>& events, const TorchSimOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  Result r = run_torch(events, options, false).result;
+  std::optional<SeriesRecorder> rec;
+  if (options.series) rec.emplace(events.size());
+  Result r = run_torch(events, options, false, rec ? &*rec : nullptr).result;
+  if (rec) r.series = rec->finish(events);
   r.allocator = options.expandable ? "torch-expandable-sim" : "torch-native-sim";
   r.backend = "sim";
   r.peak_requested_bytes = peak_requested(events);
@@ -943,6 +949,7 @@ Result replay_torch_sim_row(const std::string& allocator, const std::vector<Even
   o.conf = TorchConf::parse(options.torch_conf);
   o.expandable = allocator == "torch-expandable-sim";
   o.capacity = options.capacity ? options.capacity : options.config.sim_capacity;
+  o.series = options.series;
   Result r = replay_torch_sim(events, o);
   if (min_capacity)
     r.min_capacity_bytes = torch_sim_min_capacity(events, o, r.peak_reserved_bytes);

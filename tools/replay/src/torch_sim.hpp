@@ -93,6 +93,13 @@ class TorchCachingSim {
   std::uint64_t block_size(Handle h) const;  ///< the block's (rounded) size
   std::uint64_t reserved_bytes() const { return reserved_; }
   std::uint64_t peak_reserved_bytes() const { return peak_reserved_; }
+  /// The most reserved bytes since the last call (or since construction), which a series
+  /// needs: one call can reserve and release (garbage collection, release and retry).
+  std::uint64_t take_interval_peak() {
+    const std::uint64_t p = interval_peak_;
+    interval_peak_ = reserved_;
+    return p;
+  }
   std::uint64_t allocated_bytes() const { return allocated_; }
   std::uint64_t requested_bytes() const { return requested_; }
   std::size_t segment_count() const;  ///< cudaMalloc segments / expandable segments held
@@ -157,6 +164,7 @@ class TorchCachingSim {
   std::uint64_t address_top_;
   Handle next_handle_ = 1;
   std::uint64_t reserved_ = 0, peak_reserved_ = 0, allocated_ = 0, requested_ = 0;
+  std::uint64_t interval_peak_ = 0;  ///< take_interval_peak()
   std::size_t native_segments_ = 0;
   Stats stats_;
 };
@@ -165,6 +173,7 @@ struct TorchSimOptions {
   TorchConf conf;
   bool expandable = false;
   std::uint64_t capacity = 0;  ///< 0: the recorded H200's 143771 MiB and no memory fraction
+  bool series = false;         ///< fill Result::series (replay_torch_sim; the capacity search never)
 };
 
 /// Replays events (alloc, free_requested, free_completed) through TorchCachingSim. The row is

@@ -70,11 +70,6 @@ bool is_cuat(const std::string& path) {
   return got == sizeof magic && std::memcmp(magic, kMagic, sizeof magic) == 0;
 }
 
-std::string python_executable() {
-  if (const char* p = std::getenv("CUARENA_PYTHON")) return p;
-  return CUARENA_PYTHON_EXECUTABLE;
-}
-
 std::string converter_script() {
   if (const char* p = std::getenv("CUARENA_TRACE_SCRIPT")) return p;
   return CUARENA_TRACE_SCRIPT;
@@ -138,6 +133,11 @@ void store_in_cache(const std::string& cuat, const std::string& entry) {
 }
 
 }  // namespace
+
+std::string python_executable() {
+  if (const char* p = std::getenv("CUARENA_PYTHON")) return p;
+  return CUARENA_PYTHON_EXECUTABLE;
+}
 
 std::vector<Event> read_cuat(const std::string& path) { return read_cuat(path, path); }
 

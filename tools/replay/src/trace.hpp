@@ -38,6 +38,10 @@ void write_cuat(const std::string& path, const std::vector<Event>& events);
 /// Throws TraceError.
 std::vector<Event> load_trace(const std::string& path);
 
+/// The Python that runs the converter and the report script: $CUARENA_PYTHON, else the one
+/// CMake found.
+std::string python_executable();
+
 /// The trace's name for reports: the file name without `.pickle`, `.gz`, `.cuat`, `.csv`.
 std::string trace_name(const std::string& path);
 
