@@ -1,6 +1,9 @@
 #include "shim_config.hpp"
 
+#include <cctype>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 #include <string_view>
 
 #include "cuarena/errors.hpp"
@@ -20,6 +23,7 @@ ShimConfig ShimConfig::parse(const std::string& conf) {
   // unknown key among the valid ones.
   ShimConfig c;
   std::string rest;
+  std::vector<std::pair<std::size_t, std::size_t>> starts;  // each item's start in rest, in conf
   std::size_t pos = 0;
   while (pos <= conf.size()) {
     std::size_t end = conf.find(',', pos);
@@ -32,16 +36,37 @@ ShimConfig ShimConfig::parse(const std::string& conf) {
       if (colon == std::string::npos || value.empty())
         throw ConfigError("cuarena config: '" + key + "' needs a size (e.g. " + key +
                           ":16GiB), at position " + std::to_string(pos));
-      const std::size_t bytes = parse_size(value, key);
+      const std::size_t bytes = parse_size(value, key + " (at position " + std::to_string(pos) + ")");
       if (bytes > kMaxDeviceBytes)
         throw ConfigError("cuarena config: " + key + " " + value + " is larger than any device");
       (key == "memory_limit" ? c.memory_limit : c.pending_free_bytes) = bytes;
     } else if (!item.empty()) {
-      rest += (rest.empty() ? "" : ",") + item;
+      if (!rest.empty()) rest += ",";
+      starts.emplace_back(rest.size(), pos);
+      rest += item;
     }
     pos = end + 1;
   }
-  c.core = Config::parse(rest);
+  try {
+    c.core = Config::parse(rest);
+  } catch (const ConfigError& e) {
+    // The core counts positions in its part of the string: say them in the user's.
+    std::string what = e.what();
+    const std::string marker = "position ";
+    if (const std::size_t at = what.find(marker); at != std::string::npos) {
+      const std::size_t digits = at + marker.size();
+      std::size_t end = digits;
+      while (end < what.size() && std::isdigit(static_cast<unsigned char>(what[end]))) ++end;
+      if (end > digits) {
+        const std::size_t in_rest = std::stoul(what.substr(digits, end - digits));
+        std::size_t in_conf = in_rest;
+        for (const auto& [r, o] : starts)
+          if (r <= in_rest) in_conf = o + (in_rest - r);
+        what.replace(digits, end - digits, std::to_string(in_conf));
+      }
+    }
+    throw ConfigError(what + "; the shim's own keys: memory_limit, pending_free_bytes");
+  }
   return c;
 }
 

@@ -36,6 +36,12 @@ TEST(ShimConfig, BadInputNamesTheKey) {
     return std::string("(accepted)");
   };
   EXPECT_NE(message("bogus_key:1").find("bogus_key"), std::string::npos);
+  EXPECT_NE(message("bogus_key:1").find("memory_limit, pending_free_bytes"), std::string::npos)
+      << "an unknown key's message lists the shim's keys too";
+  EXPECT_NE(message("dormant_maps:1,memory_limit:lots").find("position 15"), std::string::npos);
+  // The core's position, counted in the user's string (the shim's key before it taken out).
+  EXPECT_NE(message("memory_limit:1GiB,bogus:1").find("at position 18"), std::string::npos)
+      << message("memory_limit:1GiB,bogus:1");
   EXPECT_NE(message("memory_limit").find("memory_limit"), std::string::npos);
   EXPECT_NE(message("memory_limit:").find("memory_limit"), std::string::npos);
   EXPECT_NE(message("memory_limit:12zz").find("memory_limit"), std::string::npos);
