@@ -1,0 +1,19 @@
+// The fake driver's controls for the shim's CPU tests (fake_driver.cpp).
+#pragma once
+
+#include <cuda.h>
+
+#include <vector>
+
+namespace cuarena::shim::fake {
+
+/// Every event the fake driver created, oldest first.
+extern std::vector<CUevent> g_events;
+/// While true, every stream reports that it is capturing a graph.
+extern bool g_capturing;
+
+/// The device reaches the point where `e` was recorded.
+void complete(CUevent e);
+bool completed(CUevent e);
+
+}  // namespace cuarena::shim::fake
