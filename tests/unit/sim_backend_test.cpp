@@ -104,3 +104,46 @@ TEST(SimBackend, IsDeterministic) {
   };
   EXPECT_EQ(run(), run());
 }
+
+// A held stream's events stay incomplete until it is released, however far the clock runs, and
+// complete at the release whatever the latency; other streams' events are unaffected, and a
+// wait completes a held event (the host waited).
+TEST(SimBackend, HeldStreamEventsCompleteOnlyAfterRelease) {
+  {
+    SimBackend::Options o = sim_options();
+    o.event_latency = 50;
+    SimBackend slow(o);
+    slow.hold_stream(3);
+    const EventId e = slow.record_event(3);
+    slow.advance(1);
+    EXPECT_FALSE(slow.event_completed(e));
+    slow.release_stream(3);
+    EXPECT_TRUE(slow.event_completed(e));  // not 50 ticks after it was recorded
+    slow.release_event(e);
+  }
+  SimBackend sim(sim_options());
+  sim.hold_stream(9);
+  const EventId held = sim.record_event(9);
+  const EventId other = sim.record_event(7);
+  sim.advance(100);
+  EXPECT_FALSE(sim.event_completed(held));
+  EXPECT_TRUE(sim.event_completed(other));
+  sim.release_stream(9);
+  EXPECT_TRUE(sim.event_completed(held));
+  // Released: the stream's new events complete by the clock alone.
+  const EventId later = sim.record_event(9);
+  EXPECT_FALSE(sim.event_completed(later));
+  sim.advance(1);
+  EXPECT_TRUE(sim.event_completed(later));
+  // Waiting on a held event completes it and moves the clock as for any event.
+  sim.hold_stream(9);
+  const EventId waited = sim.record_event(9);
+  const std::uint64_t before = sim.now();
+  sim.wait_event(waited);
+  EXPECT_TRUE(sim.event_completed(waited));
+  EXPECT_EQ(sim.now(), before + 1);
+  sim.release_stream(9);
+  sim.release_stream(9);  // not held: nothing changes
+  for (EventId e : {held, other, later, waited}) sim.release_event(e);
+  EXPECT_EQ(sim.live_events(), 0u);
+}

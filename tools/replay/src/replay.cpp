@@ -4,6 +4,7 @@
 #include <chrono>
 #include <iterator>
 #include <set>
+#include <unordered_set>
 #include <unordered_map>
 
 #include "cuarena/allocator.hpp"
@@ -304,6 +305,32 @@ Result::FirstOom describe_oom(const Allocator& alloc, const SimBackend& sim, std
   return f;
 }
 
+}  // namespace
+
+CrossStreamFrees cross_stream_frees(const std::vector<Event>& events) {
+  CrossStreamFrees out;
+  std::unordered_map<std::uint64_t, std::size_t> requested;  // address -> its free_requested
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    out.streams.insert(e.stream);
+    if (e.action == Action::kAlloc) {
+      requested.erase(e.addr);  // reallocated before any free_completed: no pair
+    } else if (e.action == Action::kFreeRequested) {
+      requested[e.addr] = i;
+    } else if (e.action == Action::kFreeCompleted) {
+      if (auto it = requested.find(e.addr); it != requested.end()) {
+        // Right after its free_requested: an ordinary free (PyTorch records both at once for a
+        // block with no other-stream uses), replayed at the free_completed as before.
+        if (i > it->second + 1) out.paired.insert(it->second);
+        requested.erase(it);
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
 SimBackend::Options sim_options(const SimOptions& o) {
   SimBackend::Options so;
   if (o.capacity) so.capacity = o.capacity;
@@ -316,11 +343,23 @@ SimBackend::Options sim_options(const SimOptions& o) {
 
 // Replays events[0, stop) (all when stop is npos); measures fragmentation at `stop`. Feeds
 // `series` (when given) the reserved bytes after each event.
+//
+// Frees: a block whose free_requested is followed, later than the next event, by its
+// free_completed (PyTorch defers the free_completed of a block used on other streams through
+// record_stream until their events complete) is freed at free_requested, marked in use on a
+// stream of its own (record_stream) that the SimBackend holds until the replay reaches the
+// free_completed: cuarena's pending-free path decides when the memory is reusable. Every other
+// block is freed at its free_completed, as before.
 SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std::size_t stop,
-               SeriesRecorder* series = nullptr) {
+               SeriesRecorder* series = nullptr, bool observe = false) {
   SimBackend sim(sim_options(options));
   Allocator alloc(sim, options.config);
   std::unordered_map<std::uint64_t, void*> live;  // trace address -> cuarena pointer
+  const CrossStreamFrees cross = cross_stream_frees(events);
+  // Blocks freed at free_requested, by trace address: the stream held until free_completed
+  // (0: the allocation had failed, nothing to release).
+  std::unordered_map<std::uint64_t, StreamId> held;
+  std::uint64_t next_held = ~std::uint64_t{0};  // synthetic streams, downwards
   SimRun run;
   const std::size_t end = stop == std::string::npos ? events.size() : std::min(stop + 1, events.size());
   for (std::size_t i = 0; i < end; ++i) {
@@ -342,9 +381,32 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
           if (run.ooms++ == 0) run.first_oom = describe_oom(alloc, sim, i, e.size);
         }
         live.emplace(e.addr, p);  // nullptr: failed; its free is then a no-op
+        if (observe && options.on_allocate) options.on_allocate(i, p);
+        break;
+      }
+      case Action::kFreeRequested: {
+        if (!cross.paired.count(i)) break;  // no free_completed follows: freed there (or never)
+        auto it = live.find(e.addr);
+        if (it == live.end()) break;  // never allocated here: its free_completed is skipped
+        ++run.frees;
+        StreamId s = 0;
+        if (it->second) {
+          do s = next_held--;
+          while (cross.streams.count(s));
+          sim.hold_stream(s);
+          alloc.record_stream(it->second, s);
+          alloc.deallocate(it->second);
+        }
+        held[e.addr] = s;
+        live.erase(it);
         break;
       }
       case Action::kFreeCompleted: {
+        if (auto h = held.find(e.addr); h != held.end()) {  // freed at its free_requested
+          if (h->second) sim.release_stream(h->second);
+          held.erase(h);
+          break;
+        }
         auto it = live.find(e.addr);
         if (it == live.end()) {
           ++run.skipped;
@@ -401,7 +463,7 @@ Result replay_cuarena(const std::vector<Event>& events, const SimOptions& option
   const auto start = Clock::now();
   std::optional<SeriesRecorder> rec;
   if (options.series) rec.emplace(events.size());
-  SimRun run = run_sim(events, options, std::string::npos, rec ? &*rec : nullptr);
+  SimRun run = run_sim(events, options, std::string::npos, rec ? &*rec : nullptr, true);
   Result r;
   if (rec) r.series = rec->finish(events);
   r.allocator = "cuarena";

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "cuarena/config.hpp"
@@ -111,11 +112,28 @@ std::uint64_t peak_requested(const std::vector<Event>& events);
 /// Result::series.
 Result replay_recorded(const std::vector<Event>& events, bool series = false);
 
+/// The cross-stream frees of a device's events: the free_requested events (by index) followed,
+/// later than the next event and with no allocation of the address between, by a free_completed
+/// of the same address (PyTorch records the free_completed of a block with record_stream uses
+/// on other streams once their events complete; an ordinary free records both events at once),
+/// and every stream the events name. replay_cuarena frees those blocks at free_requested,
+/// guarded until the free_completed by a held SimBackend stream; every other block at its
+/// free_completed.
+struct CrossStreamFrees {
+  std::unordered_set<std::size_t> paired;
+  std::unordered_set<std::uint64_t> streams;
+};
+CrossStreamFrees cross_stream_frees(const std::vector<Event>& events);
+
 struct SimOptions {
   Config config;
   std::size_t capacity = 0;  ///< bytes; 0: config.sim_capacity or the recorded H200's
   std::string torch_conf{};  ///< PYTORCH_CUDA_ALLOC_CONF-style settings of the torch-*-sim rows
   bool series = false;       ///< fill Result::series (the row's replay; capacity probes never)
+  /// Called after each allocation of the row's replay (not its re-run to the peak, nor capacity
+  /// probes) with the event's index and cuarena's pointer (nullptr when it failed): lets tests
+  /// see which memory each allocation got.
+  std::function<void(std::size_t event, const void* ptr)> on_allocate{};
 };
 
 /// The simulated device's bytes under `options` (--capacity, else sim_capacity, else the

@@ -221,26 +221,48 @@ bool SimBackend::is_mapped(DevicePtr addr, std::size_t bytes) const {
   return true;
 }
 
-EventId SimBackend::record_event(StreamId) {
+EventId SimBackend::record_event(StreamId stream) {
   const EventId id = next_event_++;
-  events_.emplace(id, now_ + options_.event_latency);
+  const bool held = !held_streams_.empty() && held_streams_.count(stream) != 0;
+  events_.emplace(id, Event{now_ + options_.event_latency, stream, held});
+  held_events_ += held;
   return id;
 }
 
 bool SimBackend::event_completed(EventId event) {
   auto it = events_.find(event);
   if (it == events_.end()) misuse("query of an unknown event");
-  return now_ >= it->second;
+  return !it->second.held && now_ >= it->second.completes;
 }
 
 void SimBackend::wait_event(EventId event) {
   auto it = events_.find(event);
   if (it == events_.end()) misuse("wait on an unknown event");
-  now_ = std::max(now_, it->second);
+  if (it->second.held) {
+    it->second.held = false;
+    --held_events_;
+  }
+  now_ = std::max(now_, it->second.completes);
 }
 
 void SimBackend::release_event(EventId event) {
-  if (events_.erase(event) == 0) misuse("release of an unknown event");
+  auto it = events_.find(event);
+  if (it == events_.end()) misuse("release of an unknown event");
+  held_events_ -= it->second.held;
+  events_.erase(it);
+}
+
+void SimBackend::hold_stream(StreamId stream) { held_streams_.insert(stream); }
+
+void SimBackend::release_stream(StreamId stream) {
+  if (held_streams_.erase(stream) == 0 || held_events_ == 0) return;
+  for (auto& [id, e] : events_) {
+    if (e.held && e.stream == stream) {  // the stream's work is done: complete now
+      e.held = false;
+      e.completes = std::min(e.completes, now_);
+      --held_events_;
+    }
+  }
 }
 
 }  // namespace cuarena

@@ -6,6 +6,10 @@
 // advances the clock one tick per trace event; wait_event() jumps it forward (the host waited).
 // Deterministic: the same calls give the same addresses and answers on every run.
 //
+// A stream can be held (hold_stream): events recorded on it while held stay incomplete, whatever
+// the clock says, until release_stream(); the replayer holds a stream that stands for another
+// stream's use of a block (record_stream) until the trace says that use ended.
+//
 // With `segments` set it models a segment upstream (cudaMalloc, cudaMallocAsync) instead:
 // supports_mapping() is false, memory comes only from allocate_segment(), and the mapping calls
 // are misuse.
@@ -19,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cuarena/device_backend.hpp"
@@ -57,6 +62,16 @@ class SimBackend final : public DeviceBackend {
   void free_segment(DevicePtr ptr, std::size_t bytes) override;
   void trim() override { ++trims_; }
   std::size_t trims() const { return trims_; }
+
+  /// Holds `stream`: events recorded on it from now until release_stream(stream) do not
+  /// complete (event_completed() is false) before that release, however far the clock runs.
+  /// wait_event() on such an event completes it (the host waited for the stream's work) and
+  /// moves the clock as for any event. Holding a held stream changes nothing.
+  void hold_stream(StreamId stream);
+  /// Releases a held stream: the events it held are complete at once (the stream's work is
+  /// done), and its later events complete as any event does (event_latency ticks after they are
+  /// recorded). Releasing a stream not held changes nothing.
+  void release_stream(StreamId stream);
 
   /// Advances the device clock by `ticks`.
   void advance(std::uint64_t ticks = 1) { now_ += ticks; }
@@ -125,7 +140,14 @@ class SimBackend final : public DeviceBackend {
   std::size_t trims_ = 0;
   std::uint64_t now_ = 0;
   EventId next_event_ = 1;
-  std::unordered_map<EventId, std::uint64_t> events_;  // id -> completion tick
+  struct Event {
+    std::uint64_t completes = 0;  // the tick it completes at (once not held)
+    StreamId stream = 0;
+    bool held = false;  // recorded on a held stream, not yet released or waited on
+  };
+  std::unordered_map<EventId, Event> events_;
+  std::unordered_set<StreamId> held_streams_;
+  std::size_t held_events_ = 0;  // events with `held` set (release_stream scans only when some are)
 };
 
 }  // namespace cuarena
