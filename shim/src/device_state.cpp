@@ -30,7 +30,8 @@ class ContextScope {
 };
 }  // namespace
 
-DeviceState::DeviceState(CUcontext context, int device, const ShimConfig& config, TraceRecorder* trace)
+DeviceState::DeviceState(CUcontext context, int device, const ShimConfig& config,
+                         TraceRecorder* trace)
     : context_(context),
       device_(device),
       pending_limit_(config.pending_free_bytes),
@@ -80,8 +81,18 @@ void DeviceState::free_async(DevicePtr ptr, const Allocator::BlockInfo& block, S
     if (stream != 0) add_stream(reinterpret_cast<CUstream>(stream), true);
     alloc_.record_stream(p, stream);
   }
+  // Freed on the legacy stream: in CUDA that free waits for every blocking stream's earlier work,
+  // and the next user of the block on any blocking stream waits for the free. No legacy-stream
+  // work is queued here, so an event there (recorded at the free) stands for it.
+  if (stream == 0) alloc_.record_stream(p, reinterpret_cast<StreamId>(CU_STREAM_LEGACY));
   alloc_.deallocate(p);
-  if (trace_) trace_->record(cuat::Action::kFreeCompleted, device_, block.stream, ptr, block.requested);
+  if (trace_)
+    trace_->record(cuat::Action::kFreeCompleted, device_, block.stream, ptr, block.requested);
+}
+
+bool DeviceState::any_capturing() const {
+  std::lock_guard lock(mu_);
+  return streams_.any_capturing();
 }
 
 void DeviceState::add_stream(CUstream stream, bool used) {
@@ -108,7 +119,7 @@ void DeviceState::settle_frees() {
   // Over budget: wait for the oldest fences, closing the open batch if it is all there is.
   while (fences_.outstanding_bytes() > pending_limit_) {
     if (!fences_.has_closed() && !close_batch()) break;
-    fences_.wait_oldest(freed);
+    if (!fences_.wait_oldest(freed)) break;  // refused: allocate without waiting
   }
   release(freed);
 }
@@ -154,7 +165,9 @@ void DeviceState::mem_info(std::size_t& free_bytes, std::size_t& total_bytes) {
   {
     ContextScope scope(context_);
     const CUresult r = d.mem_get_info(&real_free, &real_total);
-    if (r != CUDA_SUCCESS) throw BackendError("cuarena shim: cuMemGetInfo failed (CUresult " + std::to_string(int(r)) + ")");
+    if (r != CUDA_SUCCESS)
+      throw BackendError("cuarena shim: cuMemGetInfo failed (CUresult " + std::to_string(int(r)) +
+                         ")");
   }
   const Stats st = alloc_.stats();
   const auto all = std::size_t(Pool::kAll);

@@ -72,14 +72,21 @@ class DeviceState {
   /// The allocation holding `ptr` as the driver would report its own: [base, base + requested).
   enum class Lookup { kNotOurs, kFound, kNotLive };
   Lookup range(DevicePtr ptr, DevicePtr& base, std::size_t& size) const;
-  /// A process-unique id for the live allocation starting at `base` (CU_POINTER_ATTRIBUTE_BUFFER_ID),
-  /// a new one for every allocation; tagged with the top bit so it never equals a driver's id.
+  /// A process-unique id for the live allocation starting at `base`
+  /// (CU_POINTER_ATTRIBUTE_BUFFER_ID), a new one for every allocation; tagged with the top bit so
+  /// it never equals a driver's id.
   std::uint64_t buffer_id(DevicePtr base);
 
   /// The bytes of a translated IPC record for the allocation at `base` (ipc_ticket.hpp), kept
   /// until the allocation is freed; `offset` receives base's offset into the exported range.
   /// Throws BackendError when the memory cannot be exported.
-  const std::string& ipc_record(DevicePtr base, const Allocator::BlockInfo& block, std::size_t& offset);
+  const std::string& ipc_record(DevicePtr base, const Allocator::BlockInfo& block,
+                                std::size_t& offset);
+
+  /// True while a stream of this context captures a graph (see StreamRegistry::any_capturing):
+  /// synchronous allocations and frees are then the driver's (it refuses them, as without the
+  /// shim, instead of cuarena handing out memory the graph would keep using).
+  bool any_capturing() const;
 
   /// Waits for every fenced free and gives it back to cuarena (before an out-of-memory error,
   /// and at the program's request to release memory).
@@ -87,7 +94,7 @@ class DeviceState {
 
  private:
   void settle_frees();
-  bool close_batch();  // requires mu_
+  bool close_batch();                                   // requires mu_
   void release(std::vector<FenceQueue::Freed>& freed);  // requires mu_
   void forget(DevicePtr ptr);                           // requires mu_
 

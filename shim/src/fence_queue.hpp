@@ -38,7 +38,7 @@ class FenceQueue {
   /// Moves the frees of every completed fence, oldest first, to `out`. Non-blocking.
   void take_completed(std::vector<Freed>& out);
   /// Blocks until the oldest closed fence completes and moves its frees to `out`. False when no
-  /// fence is closed.
+  /// fence is closed, or when the driver refuses the wait (the fence stays, nothing is moved).
   bool wait_oldest(std::vector<Freed>& out);
 
   std::size_t open_bytes() const { return open_bytes_; }

@@ -17,31 +17,40 @@ CUARENA_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstre
 CUARENA_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream);
 CUARENA_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream);
 CUARENA_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
-CUARENA_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream);
-CUARENA_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream);
+CUARENA_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream stream);
+CUARENA_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
+                                                   CUmemoryPool pool, CUstream stream);
 CUARENA_HOOK CUresult cuMemGetInfo_v2(size_t* free, size_t* total);
 CUARENA_HOOK CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr);
-CUARENA_HOOK CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr);
-CUARENA_HOOK CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes, void** data, CUdeviceptr ptr);
+CUARENA_HOOK CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
+                                            CUdeviceptr ptr);
+CUARENA_HOOK CUresult cuPointerGetAttributes(unsigned int numAttributes,
+                                             CUpointer_attribute* attributes, void** data,
+                                             CUdeviceptr ptr);
 CUARENA_HOOK CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr);
-CUARENA_HOOK CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUARENA_HOOK CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                            unsigned int Flags);
 CUARENA_HOOK CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 CUARENA_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags);
-CUARENA_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority);
+CUARENA_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags,
+                                                 int priority);
 CUARENA_HOOK CUresult cuStreamDestroy_v2(CUstream hStream);
 
 // Resolvers (interpose.cpp).
 CUARENA_HOOK void* dlsym(void* handle, const char* name) noexcept;
-CUARENA_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+CUARENA_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
+                                          cuuint64_t flags,
                                           CUdriverProcAddressQueryResult* symbolStatus);
 /// The CUDA 11 ABI of cuGetProcAddress (cuda.h maps the name to _v2, so it is declared apart).
 CUARENA_HOOK CUresult cuarena_cuGetProcAddress_v1(const char* symbol, void** pfn, int cudaVersion,
                                                   cuuint64_t flags) __asm__("cuGetProcAddress");
-CUARENA_HOOK cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** funcPtr, unsigned long long flags,
-                                                 enum cudaDriverEntryPointQueryResult* driverStatus);
-CUARENA_HOOK cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr, unsigned int cudaVersion,
-                                                          unsigned long long flags,
-                                                          enum cudaDriverEntryPointQueryResult* driverStatus);
+CUARENA_HOOK cudaError_t
+cudaGetDriverEntryPoint(const char* symbol, void** funcPtr, unsigned long long flags,
+                        enum cudaDriverEntryPointQueryResult* driverStatus);
+CUARENA_HOOK cudaError_t cudaGetDriverEntryPointByVersion(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult* driverStatus);
 
 // Runtime, for callers of a shared libcudart (hooks_runtime.cpp).
 CUARENA_HOOK cudaError_t cudaMalloc(void** devPtr, size_t size);

@@ -14,6 +14,17 @@ using namespace cuarena::shim;
 namespace {
 const RealDriver& real() { return RealDriver::get(); }
 
+/// Runs a hook's body; an exception (out of host memory) must not cross into C.
+template <class Body>
+CUresult guarded(const char* call, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    Shim::get().log("%s: %s", call, e.what());
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
 /// `served`, or the real call when the shim does not serve it.
 template <class Pass>
 CUresult or_pass(const char* call, std::optional<CUresult> served, Pass&& pass) {
@@ -25,7 +36,8 @@ CUresult or_pass(const char* call, std::optional<CUresult> served, Pass&& pass) 
 }
 
 /// The allocation holding `ptr` in any state: kFound with its base and requested size.
-DeviceState::Lookup find_range(CUdeviceptr ptr, DevicePtr& base, std::size_t& size, DeviceState** owner = nullptr) {
+DeviceState::Lookup find_range(CUdeviceptr ptr, DevicePtr& base, std::size_t& size,
+                               DeviceState** owner = nullptr) {
   Shim& shim = Shim::get();
   DeviceState* s = shim.holder(DevicePtr(ptr));
   if (s == nullptr) return DeviceState::Lookup::kNotOurs;
@@ -40,9 +52,11 @@ bool is_range_attribute(CUpointer_attribute a) {
 
 /// Answers a range attribute for an allocation of `s` at [base, base + size).
 void answer(DeviceState& s, CUpointer_attribute a, void* data, DevicePtr base, std::size_t size) {
-  if (a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) *static_cast<CUdeviceptr*>(data) = CUdeviceptr(base);
+  if (a == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+    *static_cast<CUdeviceptr*>(data) = CUdeviceptr(base);
   if (a == CU_POINTER_ATTRIBUTE_RANGE_SIZE) *static_cast<size_t*>(data) = size;
-  if (a == CU_POINTER_ATTRIBUTE_BUFFER_ID) *static_cast<unsigned long long*>(data) = s.buffer_id(base);
+  if (a == CU_POINTER_ATTRIBUTE_BUFFER_ID)
+    *static_cast<unsigned long long*>(data) = s.buffer_id(base);
 }
 
 /// A stream create: a parked stream of the same kind if there is one, else the driver's.
@@ -62,11 +76,13 @@ CUresult create_stream(CUstream* phStream, unsigned flags, int priority, Create&
 }  // namespace
 
 CUARENA_HOOK CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
-  return or_pass("cuMemAlloc_v2", serve_alloc(dptr, bytesize, nullptr, Ordering::kSync), [&] { return real().mem_alloc(dptr, bytesize); });
+  return or_pass("cuMemAlloc_v2", serve_alloc(dptr, bytesize, nullptr, Ordering::kSync),
+                 [&] { return real().mem_alloc(dptr, bytesize); });
 }
 
 CUARENA_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr) {
-  return or_pass("cuMemFree_v2", serve_free(dptr, nullptr, Ordering::kSync), [&] { return real().mem_free(dptr); });
+  return or_pass("cuMemFree_v2", serve_free(dptr, nullptr, Ordering::kSync),
+                 [&] { return real().mem_free(dptr); });
 }
 
 CUARENA_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
@@ -75,12 +91,14 @@ CUARENA_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstre
 }
 
 CUARENA_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  return or_pass("cuMemAllocAsync_ptsz", serve_alloc(dptr, bytesize, stream, Ordering::kAsyncPerThread),
+  return or_pass("cuMemAllocAsync_ptsz",
+                 serve_alloc(dptr, bytesize, stream, Ordering::kAsyncPerThread),
                  [&] { return real().mem_alloc_async_ptsz(dptr, bytesize, stream); });
 }
 
 CUARENA_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-  return or_pass("cuMemFreeAsync", serve_free(dptr, stream, Ordering::kAsync), [&] { return real().mem_free_async(dptr, stream); });
+  return or_pass("cuMemFreeAsync", serve_free(dptr, stream, Ordering::kAsync),
+                 [&] { return real().mem_free_async(dptr, stream); });
 }
 
 CUARENA_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
@@ -99,75 +117,91 @@ bool default_pool(CUmemoryPool pool) {
 }
 }  // namespace
 
-CUARENA_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+CUARENA_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream stream) {
   std::optional<CUresult> r;
   if (default_pool(pool)) r = serve_alloc(dptr, bytesize, stream, Ordering::kAsync);
-  return or_pass("cuMemAllocFromPoolAsync", r, [&] { return real().mem_alloc_from_pool_async(dptr, bytesize, pool, stream); });
+  return or_pass("cuMemAllocFromPoolAsync", r,
+                 [&] { return real().mem_alloc_from_pool_async(dptr, bytesize, pool, stream); });
 }
 
-CUARENA_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+CUARENA_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
+                                                   CUmemoryPool pool, CUstream stream) {
   std::optional<CUresult> r;
   if (default_pool(pool)) r = serve_alloc(dptr, bytesize, stream, Ordering::kAsyncPerThread);
-  return or_pass("cuMemAllocFromPoolAsync_ptsz", r, [&] { return real().mem_alloc_from_pool_async_ptsz(dptr, bytesize, pool, stream); });
+  return or_pass("cuMemAllocFromPoolAsync_ptsz", r, [&] {
+    return real().mem_alloc_from_pool_async_ptsz(dptr, bytesize, pool, stream);
+  });
 }
 
 CUARENA_HOOK CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
-  return or_pass("cuMemGetInfo_v2", serve_mem_info(free, total), [&] { return real().mem_get_info(free, total); });
+  return or_pass("cuMemGetInfo_v2", serve_mem_info(free, total),
+                 [&] { return real().mem_get_info(free, total); });
 }
 
 CUARENA_HOOK CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
-  DevicePtr base = 0;
-  std::size_t size = 0;
-  switch (find_range(dptr, base, size)) {
-    case DeviceState::Lookup::kFound:
-      if (pbase) *pbase = CUdeviceptr(base);
-      if (psize) *psize = size;
-      Shim::get().served();
-      return CUDA_SUCCESS;
-    case DeviceState::Lookup::kNotLive:
-      return CUDA_ERROR_NOT_FOUND;
-    case DeviceState::Lookup::kNotOurs:
-      break;
-  }
-  Shim::get().passed();
-  Shim::get().log("cuMemGetAddressRange_v2 passed through");
-  return real().mem_get_address_range(pbase, psize, dptr);
-}
-
-CUARENA_HOOK CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
-  if (data != nullptr && is_range_attribute(attribute)) {
+  return guarded("cuMemGetAddressRange_v2", [&]() -> CUresult {
     DevicePtr base = 0;
     std::size_t size = 0;
-    DeviceState* s = nullptr;
-    switch (find_range(ptr, base, size, &s)) {
+    switch (find_range(dptr, base, size)) {
       case DeviceState::Lookup::kFound:
-        answer(*s, attribute, data, base, size);
+        if (pbase) *pbase = CUdeviceptr(base);
+        if (psize) *psize = size;
         Shim::get().served();
         return CUDA_SUCCESS;
       case DeviceState::Lookup::kNotLive:
-        return CUDA_ERROR_INVALID_VALUE;
+        return CUDA_ERROR_NOT_FOUND;
       case DeviceState::Lookup::kNotOurs:
         break;
     }
-  }
-  Shim::get().passed();
-  if (Shim::get().logging()) Shim::get().log("cuPointerGetAttribute(%d) passed through", int(attribute));
-  return real().pointer_get_attribute(data, attribute, ptr);
+    Shim::get().passed();
+    Shim::get().log("cuMemGetAddressRange_v2 passed through");
+    return real().mem_get_address_range(pbase, psize, dptr);
+  });
 }
 
-CUARENA_HOOK CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
+CUARENA_HOOK CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
+                                            CUdeviceptr ptr) {
+  return guarded("cuPointerGetAttribute", [&]() -> CUresult {
+    if (data != nullptr && is_range_attribute(attribute)) {
+      DevicePtr base = 0;
+      std::size_t size = 0;
+      DeviceState* s = nullptr;
+      switch (find_range(ptr, base, size, &s)) {
+        case DeviceState::Lookup::kFound:
+          answer(*s, attribute, data, base, size);
+          Shim::get().served();
+          return CUDA_SUCCESS;
+        case DeviceState::Lookup::kNotLive:
+          return CUDA_ERROR_INVALID_VALUE;
+        case DeviceState::Lookup::kNotOurs:
+          break;
+      }
+    }
+    Shim::get().passed();
+    if (Shim::get().logging())
+      Shim::get().log("cuPointerGetAttribute(%d) passed through", int(attribute));
+    return real().pointer_get_attribute(data, attribute, ptr);
+  });
+}
+
+CUARENA_HOOK CUresult cuPointerGetAttributes(unsigned int numAttributes,
+                                             CUpointer_attribute* attributes, void** data,
                                              CUdeviceptr ptr) {
-  // The driver answers the rest (memory type, device, context: the mapping's own).
-  const CUresult r = real().pointer_get_attributes(numAttributes, attributes, data, ptr);
-  if (r != CUDA_SUCCESS || attributes == nullptr || data == nullptr) return r;
-  DevicePtr base = 0;
-  std::size_t size = 0;
-  DeviceState* s = nullptr;
-  if (find_range(ptr, base, size, &s) != DeviceState::Lookup::kFound) return r;
-  for (unsigned i = 0; i < numAttributes; ++i)
-    if (data[i] != nullptr && is_range_attribute(attributes[i])) answer(*s, attributes[i], data[i], base, size);
-  Shim::get().served();
-  return r;
+  return guarded("cuPointerGetAttributes", [&]() -> CUresult {
+    // The driver answers the rest (memory type, device, context: the mapping's own).
+    const CUresult r = real().pointer_get_attributes(numAttributes, attributes, data, ptr);
+    if (r != CUDA_SUCCESS || attributes == nullptr || data == nullptr) return r;
+    DevicePtr base = 0;
+    std::size_t size = 0;
+    DeviceState* s = nullptr;
+    if (find_range(ptr, base, size, &s) != DeviceState::Lookup::kFound) return r;
+    for (unsigned i = 0; i < numAttributes; ++i)
+      if (data[i] != nullptr && is_range_attribute(attributes[i]))
+        answer(*s, attributes[i], data[i], base, size);
+    Shim::get().served();
+    return r;
+  });
 }
 
 CUARENA_HOOK CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
@@ -199,7 +233,8 @@ CUARENA_HOOK CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dpt
   }
 }
 
-CUARENA_HOOK CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
+CUARENA_HOOK CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                            unsigned int Flags) {
   if (!is_ticket(handle)) {
     Shim::get().passed();
     return real().ipc_open_mem_handle(pdptr, handle, Flags);
@@ -228,23 +263,31 @@ CUARENA_HOOK CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 }
 
 CUARENA_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
-  return create_stream(phStream, Flags, 0, [&] { return real().stream_create(phStream, Flags); });
+  return guarded("cuStreamCreate", [&]() -> CUresult {
+    return create_stream(phStream, Flags, 0, [&] { return real().stream_create(phStream, Flags); });
+  });
 }
 
-CUARENA_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority) {
-  // The driver clamps the priority to the device's range; so does a parked stream's match.
-  int least = 0, greatest = 0;
-  using Range = CUresult (*)(int*, int*);
-  static const Range range = reinterpret_cast<Range>(real_dlsym(libcuda(), "cuCtxGetStreamPriorityRange"));
-  if (range != nullptr && range(&least, &greatest) == CUDA_SUCCESS)
-    priority = std::min(least, std::max(greatest, priority));
-  return create_stream(phStream, flags, priority,
-                       [&] { return real().stream_create_with_priority(phStream, flags, priority); });
+CUARENA_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags,
+                                                 int priority) {
+  return guarded("cuStreamCreateWithPriority", [&]() -> CUresult {
+    // The driver clamps the priority to the device's range; so does a parked stream's match.
+    int least = 0, greatest = 0;
+    using Range = CUresult (*)(int*, int*);
+    static const Range range =
+        reinterpret_cast<Range>(real_dlsym(libcuda(), "cuCtxGetStreamPriorityRange"));
+    if (range != nullptr && range(&least, &greatest) == CUDA_SUCCESS)
+      priority = std::min(least, std::max(greatest, priority));
+    return create_stream(phStream, flags, priority, [&] {
+      return real().stream_create_with_priority(phStream, flags, priority);
+    });
+  });
 }
 
 CUARENA_HOOK CUresult cuStreamDestroy_v2(CUstream hStream) {
   CUcontext ctx = nullptr;
-  if (hStream != nullptr && real().stream_get_ctx(hStream, &ctx) == CUDA_SUCCESS && ctx != nullptr) {
+  if (hStream != nullptr && real().stream_get_ctx(hStream, &ctx) == CUDA_SUCCESS &&
+      ctx != nullptr) {
     if (DeviceState* s = Shim::get().of_context(ctx)) {
       try {
         if (!s->retire_stream(hStream)) return CUDA_SUCCESS;  // parked for cuarena

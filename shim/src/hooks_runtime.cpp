@@ -36,7 +36,8 @@ cudaError_t to_runtime(CUresult r) {
 void ensure_context() {
   CUcontext ctx = nullptr;
   const RealDriver& d = RealDriver::get();
-  if (d.ctx_get_current != nullptr && d.ctx_get_current(&ctx) == CUDA_SUCCESS && ctx != nullptr) return;
+  if (d.ctx_get_current != nullptr && d.ctx_get_current(&ctx) == CUDA_SUCCESS && ctx != nullptr)
+    return;
   static const auto real_free = runtime<cudaError_t (*)(void*)>("cudaFree");
   if (real_free != nullptr) real_free(nullptr);
 }
@@ -54,32 +55,40 @@ cudaError_t or_pass(const char* call, std::optional<CUresult> served, Pass&& pas
 CUARENA_HOOK cudaError_t cudaMalloc(void** devPtr, size_t size) {
   static const auto real = runtime<cudaError_t (*)(void**, size_t)>("cudaMalloc");
   ensure_context();
-  return or_pass("cudaMalloc", serve_alloc(reinterpret_cast<CUdeviceptr*>(devPtr), size, nullptr, Ordering::kSync),
-                 [&] { return real ? real(devPtr, size) : cudaErrorInitializationError; });
+  return or_pass(
+      "cudaMalloc",
+      serve_alloc(reinterpret_cast<CUdeviceptr*>(devPtr), size, nullptr, Ordering::kSync),
+      [&] { return real ? real(devPtr, size) : cudaErrorInitializationError; });
 }
 
 CUARENA_HOOK cudaError_t cudaFree(void* devPtr) {
   static const auto real = runtime<cudaError_t (*)(void*)>("cudaFree");
-  return or_pass("cudaFree", serve_free(reinterpret_cast<CUdeviceptr>(devPtr), nullptr, Ordering::kSync),
+  return or_pass("cudaFree",
+                 serve_free(reinterpret_cast<CUdeviceptr>(devPtr), nullptr, Ordering::kSync),
                  [&] { return real ? real(devPtr) : cudaErrorInitializationError; });
 }
 
 CUARENA_HOOK cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
-  static const auto real = runtime<cudaError_t (*)(void**, size_t, cudaStream_t)>("cudaMallocAsync");
+  static const auto real =
+      runtime<cudaError_t (*)(void**, size_t, cudaStream_t)>("cudaMallocAsync");
   ensure_context();
-  return or_pass("cudaMallocAsync", serve_alloc(reinterpret_cast<CUdeviceptr*>(devPtr), size, reinterpret_cast<CUstream>(hStream),
-                             Ordering::kAsync),
+  return or_pass("cudaMallocAsync",
+                 serve_alloc(reinterpret_cast<CUdeviceptr*>(devPtr), size,
+                             reinterpret_cast<CUstream>(hStream), Ordering::kAsync),
                  [&] { return real ? real(devPtr, size, hStream) : cudaErrorInitializationError; });
 }
 
 CUARENA_HOOK cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
   static const auto real = runtime<cudaError_t (*)(void*, cudaStream_t)>("cudaFreeAsync");
-  return or_pass("cudaFreeAsync", serve_free(reinterpret_cast<CUdeviceptr>(devPtr), reinterpret_cast<CUstream>(hStream), Ordering::kAsync),
+  return or_pass("cudaFreeAsync",
+                 serve_free(reinterpret_cast<CUdeviceptr>(devPtr),
+                            reinterpret_cast<CUstream>(hStream), Ordering::kAsync),
                  [&] { return real ? real(devPtr, hStream) : cudaErrorInitializationError; });
 }
 
 CUARENA_HOOK cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   static const auto real = runtime<cudaError_t (*)(size_t*, size_t*)>("cudaMemGetInfo");
   ensure_context();
-  return or_pass("cudaMemGetInfo", serve_mem_info(free, total), [&] { return real ? real(free, total) : cudaErrorInitializationError; });
+  return or_pass("cudaMemGetInfo", serve_mem_info(free, total),
+                 [&] { return real ? real(free, total) : cudaErrorInitializationError; });
 }

@@ -38,7 +38,8 @@ __attribute__((no_sanitize("address"))) const std::array<Served, kServed>& serve
       {"cuMemFreeAsync", reinterpret_cast<void*>(&cuMemFreeAsync), true},
       {"cuMemFreeAsync_ptsz", reinterpret_cast<void*>(&cuMemFreeAsync_ptsz), true},
       {"cuMemAllocFromPoolAsync", reinterpret_cast<void*>(&cuMemAllocFromPoolAsync), true},
-      {"cuMemAllocFromPoolAsync_ptsz", reinterpret_cast<void*>(&cuMemAllocFromPoolAsync_ptsz), true},
+      {"cuMemAllocFromPoolAsync_ptsz", reinterpret_cast<void*>(&cuMemAllocFromPoolAsync_ptsz),
+       true},
       {"cuMemGetInfo_v2", reinterpret_cast<void*>(&cuMemGetInfo_v2), true},
       {"cuMemGetAddressRange_v2", reinterpret_cast<void*>(&cuMemGetAddressRange_v2), true},
       {"cuPointerGetAttribute", reinterpret_cast<void*>(&cuPointerGetAttribute), true},
@@ -50,7 +51,8 @@ __attribute__((no_sanitize("address"))) const std::array<Served, kServed>& serve
       {"cuStreamCreateWithPriority", reinterpret_cast<void*>(&cuStreamCreateWithPriority), true},
       {"cuStreamDestroy_v2", reinterpret_cast<void*>(&cuStreamDestroy_v2), true},
       {"cudaGetDriverEntryPoint", reinterpret_cast<void*>(&cudaGetDriverEntryPoint), false},
-      {"cudaGetDriverEntryPointByVersion", reinterpret_cast<void*>(&cudaGetDriverEntryPointByVersion), false},
+      {"cudaGetDriverEntryPointByVersion",
+       reinterpret_cast<void*>(&cudaGetDriverEntryPointByVersion), false},
       {"cudaMalloc", reinterpret_cast<void*>(&cudaMalloc), false},
       {"cudaFree", reinterpret_cast<void*>(&cudaFree), false},
       {"cudaMallocAsync", reinterpret_cast<void*>(&cudaMallocAsync), false},
@@ -100,37 +102,47 @@ void* substitute(const char* symbol, void* fn) {
 
 }  // namespace cuarena::shim
 
-// Any other name goes to libc's dlsym by a tail call, so that libc sees the caller's return
-// address: RTLD_NEXT then means "after the caller", and dlerror() names the caller's object, as
-// without the shim. (The optimize attribute keeps the sibling call in unoptimised builds.)
-extern "C" __attribute__((visibility("default"), optimize("O2", "optimize-sibling-calls"), no_sanitize("address")))
-void* dlsym(void* handle, const char* name) noexcept {
-  void* hook = hook_by_name(name);
+// Any other name, and RTLD_NEXT for any name, goes to libc's dlsym by a tail call, so that libc
+// sees the caller's return address: RTLD_NEXT then means "after the caller", and dlerror() names
+// the caller's object, as without the shim. (RTLD_NEXT keeps its answer for served names too: an
+// interposer preloaded after the shim that forwards to the next cudaMalloc must reach the real
+// one, not the shim's hook, or the two would call each other. The optimize attribute keeps the
+// sibling call in unoptimised builds.)
+extern "C" __attribute__((visibility("default"), optimize("O2", "optimize-sibling-calls"),
+                          no_sanitize("address"))) void*
+dlsym(void* handle, const char* name) noexcept {
+  void* hook = handle == RTLD_NEXT ? nullptr : hook_by_name(name);
   // (A noexcept function may tail-call only a noexcept one.)
-  if (hook == nullptr) return reinterpret_cast<void* (*)(void*, const char*) noexcept>(libc_dlsym())(handle, name);
+  if (hook == nullptr)
+    return reinterpret_cast<void* (*)(void*, const char*) noexcept>(libc_dlsym())(handle, name);
   // The hook only where the name resolves at all (a probe of another library gets its NULL).
   return real_dlsym(handle, name) != nullptr ? hook : nullptr;
 }
 
-CUARENA_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+CUARENA_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
+                                          cuuint64_t flags,
                                           CUdriverProcAddressQueryResult* symbolStatus) {
   const CUresult r = real_get_proc_address(symbol, pfn, cudaVersion, flags, symbolStatus);
   if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = substitute(symbol, *pfn);
   return r;
 }
 
-CUARENA_HOOK CUresult cuarena_cuGetProcAddress_v1(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
+CUARENA_HOOK CUresult cuarena_cuGetProcAddress_v1(const char* symbol, void** pfn, int cudaVersion,
+                                                  cuuint64_t flags) {
   using Fn = CUresult (*)(const char*, void**, int, cuuint64_t);
-  static const Fn real = reinterpret_cast<Fn>(libcuda() ? real_dlsym(libcuda(), "cuGetProcAddress") : nullptr);
+  static const Fn real =
+      reinterpret_cast<Fn>(libcuda() ? real_dlsym(libcuda(), "cuGetProcAddress") : nullptr);
   if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   const CUresult r = real(symbol, pfn, cudaVersion, flags);
   if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = substitute(symbol, *pfn);
   return r;
 }
 
-CUARENA_HOOK cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** funcPtr, unsigned long long flags,
-                                                 enum cudaDriverEntryPointQueryResult* driverStatus) {
-  using Fn = cudaError_t (*)(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*);
+CUARENA_HOOK cudaError_t
+cudaGetDriverEntryPoint(const char* symbol, void** funcPtr, unsigned long long flags,
+                        enum cudaDriverEntryPointQueryResult* driverStatus) {
+  using Fn =
+      cudaError_t (*)(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*);
   static const Fn real = reinterpret_cast<Fn>(real_runtime("cudaGetDriverEntryPoint"));
   if (real == nullptr) return cudaErrorInitializationError;
   const cudaError_t r = real(symbol, funcPtr, flags, driverStatus);
@@ -138,10 +150,11 @@ CUARENA_HOOK cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** func
   return r;
 }
 
-CUARENA_HOOK cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr, unsigned int cudaVersion,
-                                                          unsigned long long flags,
-                                                          enum cudaDriverEntryPointQueryResult* driverStatus) {
-  using Fn = cudaError_t (*)(const char*, void**, unsigned int, unsigned long long, cudaDriverEntryPointQueryResult*);
+CUARENA_HOOK cudaError_t cudaGetDriverEntryPointByVersion(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult* driverStatus) {
+  using Fn = cudaError_t (*)(const char*, void**, unsigned int, unsigned long long,
+                             cudaDriverEntryPointQueryResult*);
   static const Fn real = reinterpret_cast<Fn>(real_runtime("cudaGetDriverEntryPointByVersion"));
   if (real == nullptr) return cudaErrorInitializationError;
   const cudaError_t r = real(symbol, funcPtr, cudaVersion, flags, driverStatus);

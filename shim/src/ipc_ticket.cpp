@@ -56,8 +56,9 @@ std::shared_ptr<void> open_ticket(const CUipcMemHandle& handle, CUdeviceptr& ptr
   iovec remote{reinterpret_cast<void*>(t.record_addr), record.size()};
   const ssize_t got = ::process_vm_readv(t.pid, &local, 1, &remote, 1, 0);
   if (got != ssize_t(record.size())) {
-    throw BackendError("cuarena shim: cannot read the IPC record of process " + std::to_string(t.pid) +
-                       " (" + (got < 0 ? std::strerror(errno) : "short read") +
+    throw BackendError("cuarena shim: cannot read the IPC record of process " +
+                       std::to_string(t.pid) + " (" +
+                       (got < 0 ? std::strerror(errno) : "short read") +
                        "): the exporter exited, or this process may not read its memory");
   }
   std::uint64_t id = 0;

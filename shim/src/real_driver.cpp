@@ -4,6 +4,8 @@
 #include <link.h>
 
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace cuarena::shim {
 
@@ -98,26 +100,28 @@ const RealDriver& RealDriver::get() {
 void* real_runtime(const char* name) {
   if (void* fn = real_dlsym(RTLD_NEXT, name)) return fn;
   // A libcudart loaded by dlopen with RTLD_LOCAL (Python extension modules) is not in the global
-  // scope RTLD_NEXT searches: look for it among the loaded objects.
-  struct Search {
-    const char* name;
-    void* fn;
-  } search{name, nullptr};
+  // scope RTLD_NEXT searches: look for it among the loaded objects. (Their paths are collected
+  // first and opened after the walk: dlopen inside dl_iterate_phdr's callback would take the
+  // loader's locks in the opposite order to a concurrent dlopen.)
+  std::vector<std::string> paths;
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* data) -> int {
-        auto* s = static_cast<Search*>(data);
         const char* path = info->dlpi_name;
         const char* base = path ? std::strrchr(path, '/') : nullptr;
         base = base ? base + 1 : path;
-        if (base == nullptr || std::strncmp(base, "libcudart.so", 12) != 0) return 0;
-        void* lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-        if (lib == nullptr) return 0;
-        s->fn = real_dlsym(lib, s->name);
-        dlclose(lib);  // RTLD_NOLOAD took a reference; the library stays loaded
-        return s->fn != nullptr;
+        if (base != nullptr && std::strncmp(base, "libcudart.so", 12) == 0)
+          static_cast<std::vector<std::string>*>(data)->emplace_back(path);
+        return 0;
       },
-      &search);
-  return search.fn;
+      &paths);
+  for (const std::string& path : paths) {
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) continue;
+    void* fn = real_dlsym(lib, name);
+    dlclose(lib);  // RTLD_NOLOAD took a reference; the library stays loaded
+    if (fn != nullptr) return fn;
+  }
+  return nullptr;
 }
 
 }  // namespace cuarena::shim

@@ -34,7 +34,8 @@ struct RealDriver {
   CUresult (*mem_free_async)(CUdeviceptr, CUstream) = nullptr;
   CUresult (*mem_free_async_ptsz)(CUdeviceptr, CUstream) = nullptr;
   CUresult (*mem_alloc_from_pool_async)(CUdeviceptr*, size_t, CUmemoryPool, CUstream) = nullptr;
-  CUresult (*mem_alloc_from_pool_async_ptsz)(CUdeviceptr*, size_t, CUmemoryPool, CUstream) = nullptr;
+  CUresult (*mem_alloc_from_pool_async_ptsz)(CUdeviceptr*, size_t, CUmemoryPool,
+                                             CUstream) = nullptr;
   decltype(&::cuMemGetInfo_v2) mem_get_info = nullptr;
   decltype(&::cuMemGetAddressRange_v2) mem_get_address_range = nullptr;
   decltype(&::cuPointerGetAttribute) pointer_get_attribute = nullptr;

@@ -16,7 +16,8 @@ namespace cuarena::shim {
 /// thread's per-thread default stream).
 enum class Ordering { kSync, kAsync, kAsyncPerThread };
 
-std::optional<CUresult> serve_alloc(CUdeviceptr* ptr, std::size_t bytes, CUstream stream, Ordering ordering);
+std::optional<CUresult> serve_alloc(CUdeviceptr* ptr, std::size_t bytes, CUstream stream,
+                                    Ordering ordering);
 std::optional<CUresult> serve_free(CUdeviceptr ptr, CUstream stream, Ordering ordering);
 std::optional<CUresult> serve_mem_info(std::size_t* free_bytes, std::size_t* total_bytes);
 

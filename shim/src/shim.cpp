@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "cuarena/errors.hpp"
 #include "cuarena/driver_resolver.hpp"
+#include "cuarena/errors.hpp"
 #include "real_driver.hpp"
 
 extern "C" __attribute__((visibility("default"))) const char* cuarena_preload_version() {
@@ -51,7 +51,9 @@ Shim::Shim() {
     log_ = fdopen(stderr_fd_, "w");
   } else if (!config_.log_path.empty()) {
     log_ = std::fopen(config_.log_path.c_str(), "a");
-    if (log_ == nullptr) std::fprintf(stderr, "cuarena: CUARENA_LOG=%s: cannot open; not logging\n", config_.log_path.c_str());
+    if (log_ == nullptr)
+      std::fprintf(stderr, "cuarena: CUARENA_LOG=%s: cannot open; not logging\n",
+                   config_.log_path.c_str());
   }
   if (!config_.trace_path.empty()) trace_ = std::make_unique<TraceRecorder>(config_.trace_path);
   // PyTorch's caching would hide every tensor from cuarena: one cudaMalloc per tensor instead.
@@ -106,7 +108,8 @@ DeviceState* Shim::of_context(CUcontext ctx) {
   d.ctx_set_current(previous);
   if (r == CUDA_SUCCESS) {
     try {
-      state = new DeviceState(ctx, int(device), config_, trace_.get());  // lives as long as the process
+      state =
+          new DeviceState(ctx, int(device), config_, trace_.get());  // lives as long as the process
       log("serving device %d (context %p), limit %zu bytes", int(device), static_cast<void*>(ctx),
           state->allocator().memory_limit());
     } catch (const std::exception& e) {
@@ -181,7 +184,7 @@ std::string Shim::summary() {
 }
 
 void Shim::at_exit() {
-  if (trace_) {
+  if (trace_ && !(forked_child_ && trace_->empty())) {
     const std::string err = trace_->write();
     if (!err.empty()) std::fprintf(stderr, "cuarena: CUARENA_TRACE: %s\n", err.c_str());
   }
@@ -199,6 +202,14 @@ void Shim::after_fork_in_child() {
   new (&import_mu_) std::mutex();
   new (&log_mu_) std::mutex();
   new (&imports_) std::map<CUdeviceptr, std::shared_ptr<void>>();
+  // Nor the parent's trace and counters: a child that exits must not rewrite the parent's trace
+  // file or report the parent's calls.
+  (void)trace_.release();
+  if (!config_.trace_path.empty())
+    trace_ = std::make_unique<TraceRecorder>(config_.trace_path + "." + std::to_string(::getpid()));
+  served_.store(0);
+  passed_.store(0);
+  forked_child_ = true;
   for (Slot& s : slots_) {
     s.context.store(nullptr);
     s.state.store(nullptr);

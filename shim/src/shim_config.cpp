@@ -2,9 +2,9 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <string_view>
 #include <utility>
 #include <vector>
-#include <string_view>
 
 #include "cuarena/errors.hpp"
 
@@ -36,7 +36,8 @@ ShimConfig ShimConfig::parse(const std::string& conf) {
       if (colon == std::string::npos || value.empty())
         throw ConfigError("cuarena config: '" + key + "' needs a size (e.g. " + key +
                           ":16GiB), at position " + std::to_string(pos));
-      const std::size_t bytes = parse_size(value, key + " (at position " + std::to_string(pos) + ")");
+      const std::size_t bytes =
+          parse_size(value, key + " (at position " + std::to_string(pos) + ")");
       if (bytes > kMaxDeviceBytes)
         throw ConfigError("cuarena config: " + key + " " + value + " is larger than any device");
       (key == "memory_limit" ? c.memory_limit : c.pending_free_bytes) = bytes;

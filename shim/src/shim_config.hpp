@@ -19,12 +19,12 @@
 namespace cuarena::shim {
 
 struct ShimConfig {
-  Config core;                                   ///< the core's keys of CUARENA_CONF
-  std::size_t memory_limit = 0;                  ///< bytes per device; 0: the device's memory
+  Config core;                   ///< the core's keys of CUARENA_CONF
+  std::size_t memory_limit = 0;  ///< bytes per device; 0: the device's memory
   std::size_t pending_free_bytes = std::size_t{64} << 20;
-  std::string log_path;                          ///< "" off, "-" stderr, else a file
+  std::string log_path;  ///< "" off, "-" stderr, else a file
   bool summary = false;
-  std::string trace_path;                        ///< "" off
+  std::string trace_path;  ///< "" off
   bool keep_torch_cache = false;
 
   /// Reads the environment. Throws ConfigError naming the variable, key and position.

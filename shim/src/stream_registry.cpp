@@ -9,11 +9,14 @@
 namespace cuarena::shim {
 
 namespace {
-bool is_default(CUstream s) { return s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD; }
+bool is_default(CUstream s) {
+  return s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
 
 void check(CUresult r, const char* call) {
   if (r != CUDA_SUCCESS)
-    throw BackendError(std::string("cuarena shim: ") + call + " failed (CUresult " + std::to_string(int(r)) + ")");
+    throw BackendError(std::string("cuarena shim: ") + call + " failed (CUresult " +
+                       std::to_string(int(r)) + ")");
 }
 }  // namespace
 
@@ -33,12 +36,14 @@ void StreamRegistry::add(CUstream stream, bool used) {
     }
   }
   unsigned flags = 0;
-  if (RealDriver::get().stream_get_flags(stream, &flags) != CUDA_SUCCESS) return;  // not a live stream
+  if (RealDriver::get().stream_get_flags(stream, &flags) != CUDA_SUCCESS)
+    return;  // not a live stream
   streams_.push_back({stream, flags, used, false});
 }
 
 bool StreamRegistry::retire(CUstream stream) {
-  auto it = std::find_if(streams_.begin(), streams_.end(), [&](const Known& k) { return k.stream == stream; });
+  auto it = std::find_if(streams_.begin(), streams_.end(),
+                         [&](const Known& k) { return k.stream == stream; });
   if (it == streams_.end()) return true;
   if (it->used) {
     it->parked = true;
@@ -53,7 +58,8 @@ CUstream StreamRegistry::reuse(unsigned flags, int priority) {
   const RealDriver& d = RealDriver::get();
   for (Known& k : streams_) {
     int p = 0;
-    if (k.parked && k.flags == flags && d.stream_get_priority(k.stream, &p) == CUDA_SUCCESS && p == priority) {
+    if (k.parked && k.flags == flags && d.stream_get_priority(k.stream, &p) == CUDA_SUCCESS &&
+        p == priority) {
       k.parked = false;
       return k.stream;
     }
@@ -76,17 +82,28 @@ FenceEvent StreamRegistry::record(CUstream stream) {
   return ev;
 }
 
-bool StreamRegistry::record_fence(std::vector<FenceEvent>& out) {
+bool StreamRegistry::any_capturing() const {
   const RealDriver& d = RealDriver::get();
-  for (const Known& k : streams_) {
+  // Any answer but "not capturing" counts as capturing: recording or serving then could break it.
+  auto capturing = [&](CUstream s) {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (d.stream_is_capturing(k.stream, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE)
-      return false;
-  }
+    return d.stream_is_capturing(s, &status) != CUDA_SUCCESS ||
+           status != CU_STREAM_CAPTURE_STATUS_NONE;
+  };
+  if (capturing(CU_STREAM_LEGACY)) return true;
+  for (const Known& k : streams_)
+    if (!k.parked && capturing(k.stream)) return true;
+  return false;
+}
+
+bool StreamRegistry::record_fence(std::vector<FenceEvent>& out) {
+  if (any_capturing()) return false;
+  const RealDriver& d = RealDriver::get();
   out.push_back(record(CU_STREAM_LEGACY));
   for (const Known& k : streams_)
     if (k.flags & CU_STREAM_NON_BLOCKING) out.push_back(record(k.stream));
-  std::erase_if(retired_, [&](const FenceEvent& e) { return d.event_query(e.get()) == CUDA_SUCCESS; });
+  std::erase_if(retired_,
+                [&](const FenceEvent& e) { return d.event_query(e.get()) == CUDA_SUCCESS; });
   out.insert(out.end(), retired_.begin(), retired_.end());
   return true;
 }

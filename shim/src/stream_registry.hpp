@@ -47,6 +47,9 @@ class StreamRegistry {
   /// stream in global capture mode, would break the capture). Throws BackendError when the
   /// driver refuses an event.
   bool record_fence(std::vector<FenceEvent>& out);
+  /// True while a known stream captures a graph, or a blocking one does (the legacy stream then
+  /// answers that it would capture implicitly). O(known streams).
+  bool any_capturing() const;
 
  private:
   FenceEvent record(CUstream stream);

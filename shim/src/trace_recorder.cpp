@@ -7,7 +7,8 @@ namespace cuarena::shim {
 void TraceRecorder::record(cuat::Action action, int device, StreamId stream, DevicePtr addr,
                            std::size_t size) {
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                      std::chrono::steady_clock::now() - start_).count();
+                      std::chrono::steady_clock::now() - start_)
+                      .count();
   std::lock_guard lock(mu_);
   events_.push_back({action, std::uint16_t(device), stream, addr, size, us});
 }

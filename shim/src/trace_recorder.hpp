@@ -21,6 +21,10 @@ class TraceRecorder {
   /// Writes the trace (devices one after another). Returns an error message, or "" on success.
   std::string write();
   const std::string& path() const { return path_; }
+  bool empty() {
+    std::lock_guard lock(mu_);
+    return events_.empty();
+  }
 
  private:
   std::string path_;

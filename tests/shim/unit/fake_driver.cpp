@@ -15,6 +15,7 @@ namespace cuarena::shim::fake {
 
 std::vector<CUevent> g_events;
 bool g_capturing = false;
+bool g_sync_refused = false;
 
 CUevent new_event() {
   g_events.push_back(new CUevent_st());
@@ -40,6 +41,7 @@ const RealDriver& RealDriver::get() {
     };
     t.event_query = [](CUevent e) { return e->done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; };
     t.event_synchronize = [](CUevent e) {
+      if (fake::g_sync_refused) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
       e->done = true;  // the host waited until the device got there
       return CUDA_SUCCESS;
     };

@@ -11,6 +11,8 @@ namespace cuarena::shim::fake {
 extern std::vector<CUevent> g_events;
 /// While true, every stream reports that it is capturing a graph.
 extern bool g_capturing;
+/// While true, cuEventSynchronize fails (as during a global-mode capture elsewhere).
+extern bool g_sync_refused;
 
 /// The device reaches the point where `e` was recorded.
 void complete(CUevent e);

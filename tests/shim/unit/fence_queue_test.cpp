@@ -1,6 +1,8 @@
 // The shim's fenced synchronous frees (shim/src/fence_queue.cpp, stream_registry.cpp) over a fake
 // driver: a block comes back only once every event of its fence has completed, never twice, and
 // the byte counts the pacing relies on stay exact.
+#include "fence_queue.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 #include <set>
 
 #include "fake_driver.hpp"
-#include "fence_queue.hpp"
 #include "stream_registry.hpp"
 
 using namespace cuarena;
@@ -80,6 +81,33 @@ TEST(FenceQueue, BlocksComeBackOnlyAfterEveryEventOfTheirFence) {
   EXPECT_TRUE(q.defer(0x1000, 512)) << "freed again after its reuse";
 }
 
+TEST(FenceQueue, ARefusedWaitKeepsTheFence) {
+  StreamRegistry r;
+  FenceQueue q;
+  ASSERT_TRUE(q.defer(0x3000, 512));
+  std::vector<FenceEvent> events;
+  ASSERT_TRUE(r.record_fence(events));
+  q.close(std::move(events));
+  std::vector<FenceQueue::Freed> out;
+  fake::g_sync_refused = true;
+  EXPECT_FALSE(q.wait_oldest(out)) << "a wait the driver refused proves nothing";
+  EXPECT_TRUE(out.empty());
+  EXPECT_TRUE(q.waiting(0x3000));
+  EXPECT_EQ(q.outstanding_bytes(), 512u);
+  fake::g_sync_refused = false;
+  EXPECT_TRUE(q.wait_oldest(out));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].ptr, DevicePtr{0x3000});
+}
+
+TEST(StreamRegistry, ACaptureAnywhereIsSeen) {
+  StreamRegistry r;
+  EXPECT_FALSE(r.any_capturing());
+  fake::g_capturing = true;
+  EXPECT_TRUE(r.any_capturing()) << "the legacy stream's answer covers blocking streams";
+  fake::g_capturing = false;
+}
+
 TEST(FenceQueue, RandomizedAgainstAModel) {
   std::mt19937_64 rng(20261201);
   StreamRegistry r;
@@ -89,10 +117,10 @@ TEST(FenceQueue, RandomizedAgainstAModel) {
     std::vector<FenceEvent> events;
     std::vector<DevicePtr> ptrs;
   };
-  std::vector<ModelFence> fences;           // closed, not yet taken, oldest first
+  std::vector<ModelFence> fences;  // closed, not yet taken, oldest first
   std::vector<DevicePtr> open;
-  std::map<DevicePtr, std::size_t> bytes;   // waiting pointers
-  std::set<DevicePtr> live;                 // allocated and not freed
+  std::map<DevicePtr, std::size_t> bytes;  // waiting pointers
+  std::set<DevicePtr> live;                // allocated and not freed
   DevicePtr next = 0x10000;
   std::size_t released = 0;
   std::size_t expect = 0;  // bytes of the waiting pointers
@@ -103,7 +131,8 @@ TEST(FenceQueue, RandomizedAgainstAModel) {
         return std::find(m.ptrs.begin(), m.ptrs.end(), f.ptr) != m.ptrs.end();
       });
       ASSERT_NE(it, fences.end()) << "released a pointer no closed fence holds";
-      for (const FenceEvent& e : it->events) ASSERT_TRUE(fake::completed(e.get())) << "released early";
+      for (const FenceEvent& e : it->events)
+        ASSERT_TRUE(fake::completed(e.get())) << "released early";
       ASSERT_EQ(bytes.at(f.ptr), f.bytes);
       expect -= f.bytes;
       bytes.erase(f.ptr);

@@ -1,11 +1,12 @@
 // The shim's settings (shim/src/shim_config.cpp): its own CUARENA_CONF keys, the core's, and the
 // environment variables, without loading the shim.
+#include "shim_config.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
 #include "cuarena/errors.hpp"
-#include "shim_config.hpp"
 
 using cuarena::ConfigError;
 using cuarena::shim::ShimConfig;
@@ -18,7 +19,8 @@ TEST(ShimConfig, DefaultsWhenEmpty) {
 }
 
 TEST(ShimConfig, ShimKeysAreTakenOutAndTheRestGoesToTheCore) {
-  const ShimConfig c = ShimConfig::parse("whole_chunk_min:0,memory_limit:40GiB,pending_free_bytes:1GiB,dormant_maps:2");
+  const ShimConfig c = ShimConfig::parse(
+      "whole_chunk_min:0,memory_limit:40GiB,pending_free_bytes:1GiB,dormant_maps:2");
   EXPECT_EQ(c.memory_limit, std::size_t{40} << 30);
   EXPECT_EQ(c.pending_free_bytes, std::size_t{1} << 30);
   EXPECT_EQ(c.core.whole_chunk_min, 0u);
@@ -46,7 +48,8 @@ TEST(ShimConfig, BadInputNamesTheKey) {
   EXPECT_NE(message("memory_limit:").find("memory_limit"), std::string::npos);
   EXPECT_NE(message("memory_limit:12zz").find("memory_limit"), std::string::npos);
   EXPECT_NE(message("pending_free_bytes:64TiB").find("larger than any device"), std::string::npos);
-  EXPECT_NE(message("memory_limit:1GiB,whole_chunk_min:x").find("whole_chunk_min"), std::string::npos);
+  EXPECT_NE(message("memory_limit:1GiB,whole_chunk_min:x").find("whole_chunk_min"),
+            std::string::npos);
 }
 
 TEST(ShimConfig, EnvironmentVariables) {
@@ -73,6 +76,7 @@ TEST(ShimConfig, EnvironmentVariables) {
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()).rfind("CUARENA_CONF: ", 0), 0u) << e.what();
   }
-  for (const char* v : {"CUARENA_CONF", "CUARENA_LOG", "CUARENA_SUMMARY", "CUARENA_TRACE", "CUARENA_KEEP_TORCH_CACHE"})
+  for (const char* v : {"CUARENA_CONF", "CUARENA_LOG", "CUARENA_SUMMARY", "CUARENA_TRACE",
+                        "CUARENA_KEEP_TORCH_CACHE"})
     unsetenv(v);
 }
