@@ -95,8 +95,8 @@ std::optional<CUresult> serve_free(CUdeviceptr ptr, CUstream stream, Ordering or
   }
   try {
     if (ordering == Ordering::kSync) {
-      // During a capture CUDA refuses a synchronous free (it would synchronise the device).
-      if (s->any_capturing()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+      // During a capture the fence is not recorded (StreamRegistry::record_fence): the block
+      // waits until a fence after the capture, as close as a pool can come to CUDA's free.
       if (!s->free_sync(DevicePtr(ptr), block)) return CUDA_ERROR_INVALID_VALUE;
       if (TraceRecorder* t = shim.trace())
         t->record(cuat::Action::kFreeRequested, s->device(), block.stream, DevicePtr(ptr),
