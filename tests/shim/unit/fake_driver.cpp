@@ -5,6 +5,8 @@
 
 #include <cuda.h>
 
+#include <deque>
+
 #include "real_driver.hpp"
 
 struct CUevent_st {
@@ -13,13 +15,13 @@ struct CUevent_st {
 
 namespace cuarena::shim::fake {
 
-std::vector<CUevent> g_events;
+std::deque<CUevent_st> g_events;  // every event made, kept to the end (stable addresses)
 bool g_capturing = false;
 bool g_sync_refused = false;
 
 CUevent new_event() {
-  g_events.push_back(new CUevent_st());
-  return g_events.back();
+  g_events.emplace_back();
+  return &g_events.back();
 }
 void complete(CUevent e) { e->done = true; }
 bool completed(CUevent e) { return e->done; }

@@ -3,12 +3,9 @@
 
 #include <cuda.h>
 
-#include <vector>
 
 namespace cuarena::shim::fake {
 
-/// Every event the fake driver created, oldest first.
-extern std::vector<CUevent> g_events;
 /// While true, every stream reports that it is capturing a graph.
 extern bool g_capturing;
 /// While true, cuEventSynchronize fails (as during a global-mode capture elsewhere).
