@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "replay_loop.hpp"
+
 namespace cuarena::bench {
 
 TraceOps compile_trace_ops(const std::vector<replay::Event>& events) {
@@ -11,7 +13,6 @@ TraceOps compile_trace_ops(const std::vector<replay::Event>& events) {
     std::uint32_t slot, stream;
     std::uint64_t size;
   };
-  std::unordered_map<std::uint64_t, Live> live;  // trace address -> block
   std::unordered_map<std::uint64_t, std::uint32_t> stream_index;
   std::vector<std::uint32_t> free_slots;
   auto take_slot = [&]() -> std::uint32_t {
@@ -26,30 +27,30 @@ TraceOps compile_trace_ops(const std::vector<replay::Event>& events) {
     out.ops.push_back({false, b.slot, b.stream, b.size});
     free_slots.push_back(b.slot);
   };
-  for (const replay::Event& e : events) {
-    if (e.action == replay::Action::kAlloc) {
-      if (auto old = live.find(e.addr); old != live.end()) {
-        emit_free(old->second);
-        live.erase(old);
-      }
+  // The replayer's loop (replay_loop.hpp) decides which frees happen.
+  struct Hooks : replay::TraceHooks<Live> {
+    TraceOps& out;
+    std::unordered_map<std::uint64_t, std::uint32_t>& stream_index;
+    decltype(take_slot)& take;
+    decltype(emit_free)& emit;
+    Live on_alloc(std::size_t, const replay::Event& e) {
       const auto [it, inserted] =
           stream_index.try_emplace(e.stream, static_cast<std::uint32_t>(stream_index.size()));
       if (inserted) out.stream_handles.push_back(e.stream);
-      const Live b{take_slot(), it->second, e.size};
-      live.emplace(e.addr, b);
+      const Live b{take(), it->second, e.size};
       out.ops.push_back({true, b.slot, b.stream, b.size});
-    } else if (e.action == replay::Action::kFreeCompleted) {
-      if (auto it = live.find(e.addr); it != live.end()) {
-        emit_free(it->second);
-        live.erase(it);
-      }
+      return b;
     }
-  }
-  std::vector<Live> leftovers;
-  for (const auto& [addr, b] : live) leftovers.push_back(b);
-  std::sort(leftovers.begin(), leftovers.end(),
-            [](const Live& a, const Live& b) { return a.slot < b.slot; });  // deterministic
-  for (const Live& b : leftovers) emit_free(b);
+    void on_free(std::size_t, const replay::Event&, Live& b) { emit(b); }
+    void on_end(const std::unordered_map<std::uint64_t, Live>& live) {
+      std::vector<Live> leftovers;
+      for (const auto& [addr, b] : live) leftovers.push_back(b);
+      std::sort(leftovers.begin(), leftovers.end(),
+                [](const Live& a, const Live& b) { return a.slot < b.slot; });  // deterministic
+      for (const Live& b : leftovers) emit(b);
+    }
+  } hooks{{}, out, stream_index, take_slot, emit_free};
+  replay::run_trace<Live>(events, hooks);
   return out;
 }
 

@@ -4,11 +4,12 @@
 #include <chrono>
 #include <iterator>
 #include <set>
-#include <unordered_set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "cuarena/allocator.hpp"
 #include "cuarena/sim_backend.hpp"
+#include "replay_loop.hpp"
 
 namespace cuarena::replay {
 
@@ -146,32 +147,26 @@ Series SeriesRecorder::finish(const std::vector<Event>& events) {
   if (added_ % s_.window != 0) close_point();
   const std::size_t n = std::min<std::size_t>(std::size_t(added_), events.size());
   // Live requested bytes after each event, by peak_requested()'s rules.
-  std::unordered_map<std::uint64_t, std::uint64_t> live;
-  std::uint64_t current = 0, window_max = 0;
-  bool timed = false;
+  struct Hooks : RequestedHooks {
+    Series* s;
+    std::size_t n;
+    std::uint64_t window_max = 0;
+    bool timed = false;
+    bool after(std::size_t i, const Event& e) {
+      timed = timed || e.time_us != 0;
+      window_max = std::max(window_max, current);
+      if ((i + 1) % s->window == 0 || i + 1 == n) {
+        s->requested.push_back(window_max);
+        window_max = 0;
+      }
+      return true;
+    }
+  } hooks;
+  hooks.s = &s_;
+  hooks.n = n;
   s_.requested.reserve(s_.event.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    const Event& e = events[i];
-    timed = timed || e.time_us != 0;
-    if (e.action == Action::kAlloc) {
-      auto [it, inserted] = live.try_emplace(e.addr, e.size);
-      if (!inserted) {  // the trace lost this address's free
-        current -= it->second;
-        it->second = e.size;
-      }
-      current += e.size;
-    } else if (e.action == Action::kFreeCompleted) {
-      if (auto it = live.find(e.addr); it != live.end()) {
-        current -= it->second;
-        live.erase(it);
-      }
-    }
-    window_max = std::max(window_max, current);
-    if ((i + 1) % s_.window == 0 || i + 1 == n) {
-      s_.requested.push_back(window_max);
-      window_max = 0;
-    }
-  }
+  run_trace<std::uint64_t>(events, hooks, n);
+  const bool timed = hooks.timed;
   s_.requested.resize(s_.event.size(), 0);  // add() called past the events: nothing requested
   if (timed) {
     s_.time_us.reserve(s_.event.size());
@@ -181,25 +176,15 @@ Series SeriesRecorder::finish(const std::vector<Event>& events) {
 }
 
 std::uint64_t peak_requested(const std::vector<Event>& events) {
-  std::unordered_map<std::uint64_t, std::uint64_t> live;
-  std::uint64_t current = 0, peak = 0;
-  for (const Event& e : events) {
-    if (e.action == Action::kAlloc) {
-      auto [it, inserted] = live.try_emplace(e.addr, e.size);
-      if (!inserted) {  // the trace lost this address's free: drop the old one
-        current -= it->second;
-        it->second = e.size;
-      }
-      current += e.size;
+  struct Hooks : RequestedHooks {
+    std::uint64_t peak = 0;
+    bool after(std::size_t, const Event&) {
       peak = std::max(peak, current);
-    } else if (e.action == Action::kFreeCompleted) {
-      auto it = live.find(e.addr);
-      if (it == live.end()) continue;
-      current -= it->second;
-      live.erase(it);
+      return true;
     }
-  }
-  return peak;
+  } hooks;
+  run_trace<std::uint64_t>(events, hooks);
+  return hooks.peak;
 }
 
 Result replay_recorded(const std::vector<Event>& events, bool series) {
@@ -209,36 +194,35 @@ Result replay_recorded(const std::vector<Event>& events, bool series) {
   Result r;
   r.allocator = "recorded";
   r.backend = "trace";
-  std::int64_t reserved = 0, peak = 0;
-  std::size_t peak_index = 0, first_oom = 0;
-  std::unordered_map<std::uint64_t, std::uint64_t> live;
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    const Event& e = events[i];
-    reserved += segment_delta(e);
-    if (reserved > peak) {
-      peak = reserved;
-      peak_index = i;
+  // Reserved bytes from the segment events; the loop counts allocs and frees (blocks are
+  // not replayed: a lost free replaces the old block and is not counted as skipped).
+  struct Hooks : TraceHooks<char> {
+    Result* r;
+    SeriesRecorder* rec;
+    std::int64_t reserved = 0, peak = 0;
+    std::size_t peak_index = 0, first_oom = 0;
+    void on_event(std::size_t i, const Event& e) {
+      reserved += segment_delta(e);
+      if (e.action == Action::kOom && r->ooms++ == 0) first_oom = i;
     }
-    switch (e.action) {
-      case Action::kAlloc:
-        ++r.allocs;
-        live[e.addr] = e.size;
-        break;
-      case Action::kFreeCompleted:
-        if (live.erase(e.addr)) ++r.frees;
-        else ++r.skipped_events;
-        break;
-      case Action::kOom:
-        if (r.ooms++ == 0) first_oom = i;
-        break;
-      case Action::kOther:
-        ++r.skipped_events;
-        break;
-      default:
-        break;
+    bool after(std::size_t i, const Event&) {
+      if (reserved > peak) {
+        peak = reserved;
+        peak_index = i;
+      }
+      if (rec) rec->add(std::uint64_t(std::max<std::int64_t>(reserved, 0)));
+      return true;
     }
-    if (rec) rec->add(std::uint64_t(std::max<std::int64_t>(reserved, 0)));
-  }
+  } hooks;
+  hooks.r = &r;
+  hooks.rec = rec ? &*rec : nullptr;
+  const TraceCounts counts =
+      run_trace<char>(events, hooks, events.size(), {.lost_free_skipped = false});
+  r.allocs = counts.allocs;
+  r.frees = counts.frees;
+  r.skipped_events = counts.skipped;
+  const std::int64_t peak = hooks.peak;
+  const std::size_t peak_index = hooks.peak_index, first_oom = hooks.first_oom;
   r.peak_reserved_bytes = std::uint64_t(std::max<std::int64_t>(peak, 0));
   if (rec) r.series = rec->finish(events);
 
@@ -354,81 +338,71 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
                SeriesRecorder* series = nullptr, bool observe = false) {
   SimBackend sim(sim_options(options));
   Allocator alloc(sim, options.config);
-  std::unordered_map<std::uint64_t, void*> live;  // trace address -> cuarena pointer
   const CrossStreamFrees cross = cross_stream_frees(events);
-  // Blocks freed at free_requested, by trace address: the stream held until free_completed
-  // (0: the allocation had failed, nothing to release).
-  std::unordered_map<std::uint64_t, StreamId> held;
-  std::uint64_t next_held = ~std::uint64_t{0};  // synthetic streams, downwards
   SimRun run;
-  const std::size_t end = stop == std::string::npos ? events.size() : std::min(stop + 1, events.size());
-  for (std::size_t i = 0; i < end; ++i) {
-    const Event& e = events[i];
-    sim.advance(1);
-    switch (e.action) {
-      case Action::kAlloc: {
-        ++run.allocs;
-        auto old = live.find(e.addr);
-        if (old != live.end()) {  // the trace lost this address's free
-          if (old->second) alloc.deallocate(old->second);
-          live.erase(old);
-          ++run.skipped;
-        }
-        void* p = nullptr;
-        try {
-          p = alloc.allocate(e.size, e.stream);
-        } catch (const OutOfMemoryError&) {
-          if (run.ooms++ == 0) run.first_oom = describe_oom(alloc, sim, i, e.size);
-        }
-        live.emplace(e.addr, p);  // nullptr: failed; its free is then a no-op
-        if (observe && options.on_allocate) options.on_allocate(i, p);
-        break;
+  // The handle: cuarena's pointer (nullptr: the allocation failed).
+  struct Hooks : TraceHooks<void*> {
+    SimBackend& sim;
+    Allocator& alloc;
+    const SimOptions& options;
+    const CrossStreamFrees& cross;
+    SimRun& run;
+    SeriesRecorder* series;
+    bool observe;
+    // Blocks freed at free_requested, by trace address: the stream held until free_completed
+    // (0: the allocation had failed, nothing to release).
+    std::unordered_map<std::uint64_t, StreamId> held{};
+    std::uint64_t next_held = ~std::uint64_t{0};  // synthetic streams, downwards
+
+    void on_event(std::size_t, const Event&) { sim.advance(1); }
+    void* on_alloc(std::size_t i, const Event& e) {
+      void* p = nullptr;
+      try {
+        p = alloc.allocate(e.size, e.stream);
+      } catch (const OutOfMemoryError&) {
+        if (run.ooms++ == 0) run.first_oom = describe_oom(alloc, sim, i, e.size);
       }
-      case Action::kFreeRequested: {
-        if (!cross.paired.count(i)) break;  // no free_completed follows: freed there (or never)
-        auto it = live.find(e.addr);
-        if (it == live.end()) break;  // never allocated here: its free_completed is skipped
-        ++run.frees;
-        StreamId s = 0;
-        if (it->second) {
-          do s = next_held--;
-          while (cross.streams.count(s));
-          sim.hold_stream(s);
-          alloc.record_stream(it->second, s);
-          alloc.deallocate(it->second);
-        }
-        held[e.addr] = s;
-        live.erase(it);
-        break;
-      }
-      case Action::kFreeCompleted: {
-        if (auto h = held.find(e.addr); h != held.end()) {  // freed at its free_requested
-          if (h->second) sim.release_stream(h->second);
-          held.erase(h);
-          break;
-        }
-        auto it = live.find(e.addr);
-        if (it == live.end()) {
-          ++run.skipped;
-          break;
-        }
-        ++run.frees;
-        if (it->second) alloc.deallocate(it->second);
-        live.erase(it);
-        break;
-      }
-      case Action::kOther:
-        ++run.skipped;
-        break;
-      default:
-        break;
+      if (observe && options.on_allocate) options.on_allocate(i, p);
+      return p;  // nullptr: failed; its free is then a no-op
     }
-    if (sim.physical_bytes() > run.peak_reserved) {
-      run.peak_reserved = sim.physical_bytes();
-      run.peak_index = i;
+    void on_free(std::size_t, const Event&, void*& p) {
+      if (p) alloc.deallocate(p);
     }
-    if (series) series->add(sim.physical_bytes());
-  }
+    bool on_free_requested(std::size_t i, const Event& e, void*& p) {
+      // No free_completed follows: freed there (or never).
+      if (!cross.paired.count(i)) return false;
+      StreamId s = 0;
+      if (p) {
+        do s = next_held--;
+        while (cross.streams.count(s));
+        sim.hold_stream(s);
+        alloc.record_stream(p, s);
+        alloc.deallocate(p);
+      }
+      held[e.addr] = s;
+      return true;
+    }
+    void on_free_completed_early(std::size_t, const Event& e) {
+      if (auto h = held.find(e.addr); h != held.end()) {
+        if (h->second) sim.release_stream(h->second);
+        held.erase(h);
+      }
+    }
+    bool after(std::size_t i, const Event&) {
+      if (sim.physical_bytes() > run.peak_reserved) {
+        run.peak_reserved = sim.physical_bytes();
+        run.peak_index = i;
+      }
+      if (series) series->add(sim.physical_bytes());
+      return true;
+    }
+  } hooks{{}, sim, alloc, options, cross, run, series, observe};
+  const std::size_t end =
+      stop == std::string::npos ? events.size() : std::min(stop + 1, events.size());
+  const TraceCounts counts = run_trace<void*>(events, hooks, end);
+  run.allocs = counts.allocs;
+  run.frees = counts.frees;
+  run.skipped = counts.skipped;
   if (stop != std::string::npos) {
     run.frag = alloc.fragmentation();
     run.breakdown = alloc.memory_breakdown();

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "cuarena/errors.hpp"
+#include "replay_loop.hpp"
 
 namespace cuarena::replay {
 
@@ -815,70 +816,69 @@ Result::FirstOom describe_oom(const TorchCachingSim& sim, std::size_t index, std
 TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& options,
                    bool stop_at_oom, SeriesRecorder* series = nullptr) {
   TorchCachingSim sim(sim_options(options));
-  std::unordered_map<std::uint64_t, std::optional<TorchCachingSim::Handle>> live;
   TorchRun run;
   Result& r = run.result;
-  bool released = false;  // the cache was released since the last alloc or free
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    const Event& e = events[i];
-    switch (e.action) {
-      case Action::kSegmentFree:
-      case Action::kSegmentUnmap:
-      case Action::kOom:
-        // The recording allocator gave memory back, or failed a request: the program called
-        // emptyCache(), or malloc went down its out-of-memory path. Both end in
-        // release_cached_blocks, so the model releases its cache here once. (The failed request
-        // itself is not replayed.)
-        if (!released) sim.empty_cache();
-        released = true;
-        break;  // (a release cannot raise the peak checked below)
-      case Action::kAlloc: {
-        released = false;
-        ++r.allocs;
-        if (auto old = live.find(e.addr); old != live.end()) {  // the trace lost its free
-          if (old->second) sim.free_completed(*old->second);
-          live.erase(old);
-          ++r.skipped_events;
-        }
-        const auto h = sim.malloc(e.size, e.stream);
-        if (!h && r.ooms++ == 0) r.first_oom = describe_oom(sim, i, e.size, sim_options(options));
-        live.emplace(e.addr, h);
-        break;
-      }
-      case Action::kFreeRequested:
-        if (auto it = live.find(e.addr); it != live.end() && it->second)
-          sim.free_requested(*it->second);
-        break;
-      case Action::kFreeCompleted: {
-        released = false;
-        auto it = live.find(e.addr);
-        if (it == live.end()) {
-          ++r.skipped_events;
+  using Handle = std::optional<TorchCachingSim::Handle>;  // nullopt: the allocation failed
+  struct Hooks : TraceHooks<Handle> {
+    TorchCachingSim& sim;
+    const TorchSimOptions& options;
+    TorchRun& run;
+    SeriesRecorder* series;
+    bool stop_at_oom;
+    bool released = false;  // the cache was released since the last alloc or free
+
+    void on_event(std::size_t, const Event& e) {
+      switch (e.action) {
+        case Action::kSegmentFree:
+        case Action::kSegmentUnmap:
+        case Action::kOom:
+          // The recording allocator gave memory back, or failed a request: the program called
+          // emptyCache(), or malloc went down its out-of-memory path. Both end in
+          // release_cached_blocks, so the model releases its cache here once. (The failed
+          // request itself is not replayed.)
+          if (!released) sim.empty_cache();
+          released = true;
+          break;  // (a release cannot raise the peak checked below)
+        case Action::kAlloc:
+        case Action::kFreeCompleted:
+          released = false;
           break;
-        }
-        ++r.frees;
-        if (it->second) sim.free_completed(*it->second);
-        live.erase(it);
-        break;
+        default:
+          break;
       }
-      case Action::kOther:
-        ++r.skipped_events;
-        break;
-      default:
-        break;
     }
-    if (sim.peak_reserved_bytes() > run.peak) {  // where memory sits at the new peak
-      run.peak = sim.peak_reserved_bytes();
-      const TorchCachingSim::FreeInfo f = sim.free_info();
-      r.free_at_peak_bytes = f.free_bytes;
-      r.external_fragmentation =
-          f.free_bytes ? 1.0 - double(f.largest_free) / double(f.free_bytes) : 0.0;
-      r.rounding_waste_bytes = sim.allocated_bytes() - sim.requested_bytes();
-      r.counters["peak.segments"] = std::int64_t(sim.segment_count());
+    Handle on_alloc(std::size_t i, const Event& e) {
+      const Handle h = sim.malloc(e.size, e.stream);
+      if (!h && run.result.ooms++ == 0)
+        run.result.first_oom = describe_oom(sim, i, e.size, sim_options(options));
+      return h;
     }
-    if (series) series->add(sim.take_interval_peak());
-    if (stop_at_oom && r.ooms) break;
-  }
+    void on_free(std::size_t, const Event&, Handle& h) {
+      if (h) sim.free_completed(*h);
+    }
+    bool on_free_requested(std::size_t, const Event&, Handle& h) {
+      if (h) sim.free_requested(*h);
+      return false;  // in use until its free_completed
+    }
+    bool after(std::size_t, const Event&) {
+      Result& r = run.result;
+      if (sim.peak_reserved_bytes() > run.peak) {  // where memory sits at the new peak
+        run.peak = sim.peak_reserved_bytes();
+        const TorchCachingSim::FreeInfo f = sim.free_info();
+        r.free_at_peak_bytes = f.free_bytes;
+        r.external_fragmentation =
+            f.free_bytes ? 1.0 - double(f.largest_free) / double(f.free_bytes) : 0.0;
+        r.rounding_waste_bytes = sim.allocated_bytes() - sim.requested_bytes();
+        r.counters["peak.segments"] = std::int64_t(sim.segment_count());
+      }
+      if (series) series->add(sim.take_interval_peak());
+      return !(stop_at_oom && r.ooms);
+    }
+  } hooks{{}, sim, options, run, series, stop_at_oom};
+  const TraceCounts counts = run_trace<Handle>(events, hooks);
+  r.allocs = counts.allocs;
+  r.frees = counts.frees;
+  r.skipped_events = counts.skipped;
   const TorchCachingSim::Stats& s = sim.stats();
   r.counters["num_device_alloc"] = s.num_device_alloc;
   r.counters["num_device_free"] = s.num_device_free;
