@@ -77,14 +77,16 @@ void DeviceState::free_async(DevicePtr ptr, const Allocator::BlockInfo& block, S
   void* p = reinterpret_cast<void*>(ptr);
   // Freed on another stream than it was allocated on: reusable once that stream's work before
   // the free is done (cuarena then records and waits for an event there).
-  if (stream != block.stream) {
-    if (stream != 0) add_stream(reinterpret_cast<CUstream>(stream), true);
-    alloc_.record_stream(p, stream);
-  }
   // Freed on the legacy stream: in CUDA that free waits for every blocking stream's earlier work,
   // and the next user of the block on any blocking stream waits for the free. No legacy-stream
-  // work is queued here, so an event there (recorded at the free) stands for it.
-  if (stream == 0) alloc_.record_stream(p, reinterpret_cast<StreamId>(CU_STREAM_LEGACY));
+  // work is queued here, so an event there (recorded at the free) stands for it, whatever stream
+  // the block was allocated on.
+  if (stream == 0) {
+    alloc_.record_stream(p, reinterpret_cast<StreamId>(CU_STREAM_LEGACY));
+  } else if (stream != block.stream) {
+    add_stream(reinterpret_cast<CUstream>(stream), true);
+    alloc_.record_stream(p, stream);
+  }
   alloc_.deallocate(p);
   if (trace_)
     trace_->record(cuat::Action::kFreeCompleted, device_, block.stream, ptr, block.requested);
@@ -203,12 +205,16 @@ DeviceState::Lookup DeviceState::range(DevicePtr ptr, DevicePtr& base, std::size
   return Lookup::kNotLive;
 }
 
-std::uint64_t DeviceState::buffer_id(DevicePtr base) {
-  std::lock_guard lock(mu_);
+std::uint64_t DeviceState::id_of(DevicePtr base) {
   auto [it, fresh] = ids_.try_emplace(base, 0);
   if (fresh) it->second = (std::uint64_t{1} << 63) | next_id_++;
   has_records_.store(true, std::memory_order_release);
   return it->second;
+}
+
+std::uint64_t DeviceState::buffer_id(DevicePtr base) {
+  std::lock_guard lock(mu_);
+  return id_of(base);
 }
 
 const std::string& DeviceState::ipc_record(DevicePtr base, const Allocator::BlockInfo& block,
@@ -223,12 +229,10 @@ const std::string& DeviceState::ipc_record(DevicePtr base, const Allocator::Bloc
     std::vector<CudaBackend::ExportPiece> pieces;
     alloc_.with_device_lock([&] { pieces = backend_.export_range(start, span); });
     // The record: the allocation's buffer id, then the handle cuda_ipc::open reads.
-    auto [it, fresh] = ids_.try_emplace(base, 0);
-    if (fresh) it->second = (std::uint64_t{1} << 63) | next_id_++;
-    std::string bytes(sizeof(std::uint64_t), '\0');
-    std::memcpy(bytes.data(), &it->second, sizeof(std::uint64_t));
+    const std::uint64_t id = id_of(base);
+    std::string bytes(sizeof id, '\0');
+    std::memcpy(bytes.data(), &id, sizeof id);
     rec = std::make_unique<std::string>(bytes + cuda_ipc::encode(device_, span, pieces));
-    has_records_.store(true, std::memory_order_release);
   }
   return *rec;
 }

@@ -97,6 +97,7 @@ class DeviceState {
   bool close_batch();                                   // requires mu_
   void release(std::vector<FenceQueue::Freed>& freed);  // requires mu_
   void forget(DevicePtr ptr);                           // requires mu_
+  std::uint64_t id_of(DevicePtr base);                  // requires mu_: buffer_id()'s answer
 
   CUcontext context_;
   int device_;
