@@ -137,9 +137,10 @@ TEST_P(BundledTrace, FiguresAreUnchanged) {
   EXPECT_EQ(r.peak_reserved_bytes, t.peak_reserved);
   EXPECT_EQ(r.frees, t.frees);
   EXPECT_EQ(r.skipped_events, 0u);
-  if (t.min_capacity)
+  if (t.min_capacity) {
     EXPECT_EQ(min_capacity_checked(events, SimOptions{}, r.peak_reserved_bytes).bytes,
               t.min_capacity);
+  }
 }
 
 const Pinned kPinned[] = {
