@@ -31,7 +31,9 @@
 #                       (tests/shim/jobs under pytest, CUARENA_SHIM_JOBS_REQUIRED=1: a missing
 #                       framework fails) and shim_bench (bench/shim/compare.py, its results in
 #                       $OUT/shim); the last two are skipped where their files are absent.
-#                       shim_programs took about 30 s on the H200 (2026-12-01, 25 cases)
+#                       shim_programs took about 30 s on the H200 (2026-12-01, 25 cases). The
+#                       build for this part makes only shim_gpu and the cuarena CLI;
+#                       CUARENA_SHIM_GROUPS="programs jobs" runs only those steps
 # Unset runs everything (part 1, the shim, the training comparison, the whole PyTorch suite,
 # part 2).
 # On the H200 (2026-12-01) the PyTorch suite took 110 s (41 tests; a fresh process per scenario,
@@ -98,14 +100,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"
 nvcc --version | tail -2 >>"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 
+part=${CUARENA_GPU_PART:-all}
+# Part 5 needs only the shim, its GPU programs and the replayer (a quarter of the build).
+targets=
+[ "$part" = 5 ] && targets="--target shim_gpu cuarena"
 step build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCUARENA_WITH_TORCH=ON -DPython3_EXECUTABLE=$python -DCUARENA_RMM_ROOT=$rmm_root \
-  -DZLIB_ROOT=/opt/cuarena-deps/usr && cmake --build build-gpu -j 16"
-if [ ! -x build-gpu/bin/gpu_tests ]; then
+  -DZLIB_ROOT=/opt/cuarena-deps/usr && cmake --build build-gpu -j 16 $targets"
+built=build-gpu/bin/gpu_tests
+[ "$part" = 5 ] && built=build-gpu/lib/libcuarena_preload.so
+if [ ! -e "$built" ]; then
   echo "$passed passed, $((failed + 1)) failed"
   exit 1
 fi
-part=${CUARENA_GPU_PART:-all}
 case "$part" in
   all | 1 | 2 | 3 | 4 | 5) ;;
   build) echo "$passed passed, $failed failed"; exit 0 ;;  # the build alone
@@ -121,7 +128,7 @@ step core_tests build-gpu/bin/core_tests
 fi
 if [ "$part" = all ] || [ "$part" = 5 ]; then
   # The shim: each step is one part of tests/shim/gpu/run.sh (its cases' PASS/FAIL lines shown).
-  for shim_part in programs jobs bench; do
+  for shim_part in ${CUARENA_SHIM_GROUPS:-programs jobs bench}; do
     step "shim_$shim_part" env PYTHON="$python" CUARENA_SHIM_JOBS_REQUIRED=1 \
       tests/shim/gpu/run.sh build-gpu "$out" "$shim_part"
     grep -E '^(PASS|FAIL|SKIP) ' "$out/shim_$shim_part.log" || true

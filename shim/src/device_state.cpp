@@ -1,6 +1,7 @@
 #include "device_state.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "cuarena/cuda_ipc.hpp"
@@ -117,20 +118,40 @@ void DeviceState::settle_frees() {
   if (outstanding_.load(std::memory_order_acquire) == 0) return;
   std::lock_guard lock(mu_);
   std::vector<FenceQueue::Freed> freed;
-  fences_.take_completed(freed);
+  // Without a live non-blocking stream a recorded fence already orders every later use of its
+  // blocks (stream_registry.hpp): close the batch now and reuse them without waiting.
+  const bool ordered = !streams_.has_live_non_blocking();
+  if (ordered && fences_.open_count() != 0) close_batch();
+  fences_.take_completed(freed, ordered);
+  if (ordered && !freed.empty()) ++counters_.ordered;
   // Over budget: wait for the oldest fences, closing the open batch if it is all there is.
   while (fences_.outstanding_bytes() > pending_limit_) {
     if (!fences_.has_closed() && !close_batch()) break;
-    if (!fences_.wait_oldest(freed)) break;  // refused: allocate without waiting
+    if (!timed_wait(freed)) break;  // refused: allocate without waiting
   }
   release(freed);
+}
+
+bool DeviceState::timed_wait(std::vector<FenceQueue::Freed>& freed) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool ok = fences_.wait_oldest(freed, !streams_.has_live_non_blocking());
+  counters_.waits += ok ? 1 : 0;
+  counters_.wait_ns += std::uint64_t(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
+  return ok;
+}
+
+DeviceState::FenceCounters DeviceState::fence_counters() const {
+  std::lock_guard lock(mu_);
+  return counters_;
 }
 
 void DeviceState::drain_frees() {
   std::lock_guard lock(mu_);
   std::vector<FenceQueue::Freed> freed;
   close_batch();
-  while (fences_.wait_oldest(freed)) {
+  while (timed_wait(freed)) {
   }
   release(freed);
 }
@@ -138,9 +159,10 @@ void DeviceState::drain_frees() {
 bool DeviceState::close_batch() {
   if (fences_.open_count() == 0) return true;
   ContextScope scope(context_);
-  std::vector<FenceEvent> events;
+  FenceEvents events;
   if (!streams_.record_fence(events)) return false;  // a capture is under way: later
   fences_.close(std::move(events));
+  ++counters_.fences;
   return true;
 }
 

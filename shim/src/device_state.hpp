@@ -5,7 +5,10 @@
 // Stream semantics: an allocation on stream S (0: the legacy default stream; synchronous
 // allocations use it too) is reusable on S at once after an asynchronous free on S, and after
 // the events cuarena records otherwise. A synchronous free is fenced (fence_queue.hpp): its
-// block is reused only after all device work issued before the free has finished.
+// block is reused only by work ordered after all device work issued before the free. While the
+// context has no live non-blocking stream, CUDA's implicit synchronisation with the legacy stream
+// orders that work once the fence is recorded, so the block is reused at the next allocation
+// without waiting (stream_registry.hpp); otherwise once the fence has completed.
 //
 // Memory: up to ShimConfig::pending_free_bytes of fenced frees may wait for the device while
 // allocations grow the pool; past it, an allocation waits for the oldest fence first, so a host
@@ -92,12 +95,22 @@ class DeviceState {
   /// and at the program's request to release memory).
   void drain_frees();
 
+  /// What the fences cost the host (cumulative; read at exit for the summary line).
+  struct FenceCounters {
+    std::uint64_t fences = 0;   ///< batches closed (one set of events each)
+    std::uint64_t waits = 0;    ///< allocations that blocked on a fence (budget or OOM)
+    std::uint64_t wait_ns = 0;  ///< host time spent in those waits
+    std::uint64_t ordered = 0;  ///< releases before the legacy event completed (stream order)
+  };
+  FenceCounters fence_counters() const;
+
  private:
   void settle_frees();
-  bool close_batch();                                   // requires mu_
-  void release(std::vector<FenceQueue::Freed>& freed);  // requires mu_
-  void forget(DevicePtr ptr);                           // requires mu_
-  std::uint64_t id_of(DevicePtr base);                  // requires mu_: buffer_id()'s answer
+  bool close_batch();                                      // requires mu_
+  bool timed_wait(std::vector<FenceQueue::Freed>& freed);  // requires mu_: wait_oldest, counted
+  void release(std::vector<FenceQueue::Freed>& freed);     // requires mu_
+  void forget(DevicePtr ptr);                              // requires mu_
+  std::uint64_t id_of(DevicePtr base);                     // requires mu_: buffer_id()'s answer
 
   CUcontext context_;
   int device_;
@@ -114,6 +127,7 @@ class DeviceState {
   std::unordered_map<DevicePtr, std::unique_ptr<std::string>> exports_;
   std::atomic<bool> has_records_{false};  // ids_ or exports_ non-empty
   std::uint64_t next_id_ = 1;
+  FenceCounters counters_;  // guarded by mu_
 };
 
 }  // namespace cuarena::shim

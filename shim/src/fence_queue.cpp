@@ -11,7 +11,7 @@ bool FenceQueue::defer(DevicePtr ptr, std::size_t bytes) {
   return true;
 }
 
-void FenceQueue::close(std::vector<FenceEvent>&& events) {
+void FenceQueue::close(FenceEvents&& events) {
   if (open_.empty()) return;
   Fence f;
   f.events = std::move(events);
@@ -22,12 +22,15 @@ void FenceQueue::close(std::vector<FenceEvent>&& events) {
   fences_.push_back(std::move(f));
 }
 
-bool FenceQueue::completed(Fence& f) {
+bool FenceQueue::completed(Fence& f, bool legacy_orders) {
   // Events complete in no particular order; remember how far the check got.
   const RealDriver& d = RealDriver::get();
-  while (f.done < f.events.size() && d.event_query(f.events[f.done].get()) == CUDA_SUCCESS)
-    ++f.done;
-  return f.done == f.events.size();
+  const std::vector<FenceEvent>& others = f.events.others;
+  while (f.done < others.size() && d.event_query(others[f.done].get()) == CUDA_SUCCESS) ++f.done;
+  if (f.done < others.size()) return false;
+  if (legacy_orders) return true;
+  if (!f.legacy_done) f.legacy_done = d.event_query(f.events.legacy.get()) == CUDA_SUCCESS;
+  return f.legacy_done;
 }
 
 void FenceQueue::take(Fence& f, std::vector<Freed>& out) {
@@ -36,22 +39,25 @@ void FenceQueue::take(Fence& f, std::vector<Freed>& out) {
   closed_bytes_ -= f.bytes;
 }
 
-void FenceQueue::take_completed(std::vector<Freed>& out) {
+void FenceQueue::take_completed(std::vector<Freed>& out, bool legacy_orders) {
   // Fences were closed in order on the same streams, so a later one rarely completes first;
   // stopping at the first incomplete one costs little and keeps the scan short.
-  while (!fences_.empty() && completed(fences_.front())) {
+  while (!fences_.empty() && completed(fences_.front(), legacy_orders)) {
     take(fences_.front(), out);
     fences_.pop_front();
   }
 }
 
-bool FenceQueue::wait_oldest(std::vector<Freed>& out) {
+bool FenceQueue::wait_oldest(std::vector<Freed>& out, bool legacy_orders) {
   if (fences_.empty()) return false;
   Fence& f = fences_.front();
   const RealDriver& d = RealDriver::get();
-  for (; f.done < f.events.size(); ++f.done) {
-    // A wait the driver refuses (a capture in global mode elsewhere) proves nothing: keep it.
-    if (d.event_synchronize(f.events[f.done].get()) != CUDA_SUCCESS) return false;
+  // A wait the driver refuses (a capture in global mode elsewhere) proves nothing: keep it.
+  for (; f.done < f.events.others.size(); ++f.done)
+    if (d.event_synchronize(f.events.others[f.done].get()) != CUDA_SUCCESS) return false;
+  if (!legacy_orders && !f.legacy_done) {
+    if (d.event_synchronize(f.events.legacy.get()) != CUDA_SUCCESS) return false;
+    f.legacy_done = true;
   }
   take(f, out);
   fences_.pop_front();

@@ -92,6 +92,7 @@ const RealDriver& RealDriver::get() {
     load(t.event_query, "cuEventQuery");
     load(t.event_synchronize, "cuEventSynchronize");
     load(t.event_destroy, "cuEventDestroy_v2");
+    load(t.stream_wait_event, "cuStreamWaitEvent");
     return t;
   }();
   return table;

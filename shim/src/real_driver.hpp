@@ -59,6 +59,7 @@ struct RealDriver {
   CUresult (*event_query)(CUevent) = nullptr;
   CUresult (*event_synchronize)(CUevent) = nullptr;
   CUresult (*event_destroy)(CUevent) = nullptr;
+  CUresult (*stream_wait_event)(CUstream, CUevent, unsigned int) = nullptr;
 
   /// The table, built on first use. Without a driver every entry is nullptr.
   static const RealDriver& get();

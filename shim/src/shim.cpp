@@ -163,7 +163,9 @@ bool Shim::close_import(CUdeviceptr ptr) {
 }
 
 std::string Shim::summary() {
-  std::int64_t requested = 0, reserved = 0;
+  std::int64_t requested = 0, reserved = 0, maps = 0, unmaps = 0, access = 0, creates = 0,
+               releases = 0;
+  DeviceState::FenceCounters fences;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
     DeviceState* s = slots_[std::size_t(i)].state.load(std::memory_order_acquire);
@@ -171,15 +173,33 @@ std::string Shim::summary() {
     const Stats st = s->allocator().stats();
     requested += st.requested_bytes[std::size_t(Pool::kAll)].peak;
     reserved += st.reserved_bytes[std::size_t(Pool::kAll)].peak;
+    maps += st.map_calls;
+    unmaps += st.unmap_calls;
+    access += st.access_calls;
+    creates += st.num_device_alloc;
+    releases += st.num_device_free;
+    const DeviceState::FenceCounters f = s->fence_counters();
+    fences.fences += f.fences;
+    fences.waits += f.waits;
+    fences.wait_ns += f.wait_ns;
+    fences.ordered += f.ordered;
   }
-  char line[320];
+  // The driver calls and host waits are what a served call can cost beyond cuarena's own work.
+  char line[512];
   std::snprintf(line, sizeof line,
                 "peak_requested_bytes=%lld peak_reserved_bytes=%lld reserved_ratio=%.4f "
-                "calls_served=%llu calls_passed_through=%llu pid=%d",
+                "calls_served=%llu calls_passed_through=%llu map_calls=%lld unmap_calls=%lld "
+                "access_calls=%lld device_allocs=%lld device_frees=%lld fences=%llu "
+                "fence_waits=%llu fence_wait_ms=%.1f ordered_releases=%llu pid=%d",
                 static_cast<long long>(requested), static_cast<long long>(reserved),
                 requested > 0 ? double(reserved) / double(requested) : 0.0,
                 static_cast<unsigned long long>(served_.load()),
-                static_cast<unsigned long long>(passed_.load()), int(::getpid()));
+                static_cast<unsigned long long>(passed_.load()), static_cast<long long>(maps),
+                static_cast<long long>(unmaps), static_cast<long long>(access),
+                static_cast<long long>(creates), static_cast<long long>(releases),
+                static_cast<unsigned long long>(fences.fences),
+                static_cast<unsigned long long>(fences.waits), double(fences.wait_ns) / 1e6,
+                static_cast<unsigned long long>(fences.ordered), int(::getpid()));
   return line;
 }
 

@@ -22,6 +22,7 @@ void check(CUresult r, const char* call) {
 
 StreamRegistry::~StreamRegistry() {
   retired_.clear();
+  newest_legacy_.reset();
   const RealDriver& d = RealDriver::get();
   for (CUevent e : *spare_) d.event_destroy(e);
   spare_->clear();
@@ -39,6 +40,19 @@ void StreamRegistry::add(CUstream stream, bool used) {
   if (RealDriver::get().stream_get_flags(stream, &flags) != CUDA_SUCCESS)
     return;  // not a live stream
   streams_.push_back({stream, flags, used, false});
+  if (flags & CU_STREAM_NON_BLOCKING) order_after_fences(stream);
+}
+
+void StreamRegistry::order_after_fences(CUstream stream) {
+  if (!newest_legacy_) return;
+  // Legal during another stream's capture too: `stream` is new, and the event a plain record.
+  check(RealDriver::get().stream_wait_event(stream, newest_legacy_.get(), 0), "cuStreamWaitEvent");
+}
+
+bool StreamRegistry::has_live_non_blocking() const {
+  return std::any_of(streams_.begin(), streams_.end(), [](const Known& k) {
+    return !k.parked && (k.flags & CU_STREAM_NON_BLOCKING);
+  });
 }
 
 bool StreamRegistry::retire(CUstream stream) {
@@ -61,6 +75,7 @@ CUstream StreamRegistry::reuse(unsigned flags, int priority) {
     if (k.parked && k.flags == flags && d.stream_get_priority(k.stream, &p) == CUDA_SUCCESS &&
         p == priority) {
       k.parked = false;
+      if (flags & CU_STREAM_NON_BLOCKING) order_after_fences(k.stream);
       return k.stream;
     }
   }
@@ -96,15 +111,16 @@ bool StreamRegistry::any_capturing() const {
   return false;
 }
 
-bool StreamRegistry::record_fence(std::vector<FenceEvent>& out) {
+bool StreamRegistry::record_fence(FenceEvents& out) {
   if (any_capturing()) return false;
   const RealDriver& d = RealDriver::get();
-  out.push_back(record(CU_STREAM_LEGACY));
+  out.legacy = record(CU_STREAM_LEGACY);
+  newest_legacy_ = out.legacy;
   for (const Known& k : streams_)
-    if (k.flags & CU_STREAM_NON_BLOCKING) out.push_back(record(k.stream));
+    if (k.flags & CU_STREAM_NON_BLOCKING) out.others.push_back(record(k.stream));
   std::erase_if(retired_,
                 [&](const FenceEvent& e) { return d.event_query(e.get()) == CUDA_SUCCESS; });
-  out.insert(out.end(), retired_.begin(), retired_.end());
+  out.others.insert(out.others.end(), retired_.begin(), retired_.end());
   return true;
 }
 

@@ -6,6 +6,14 @@
 // non-blocking streams do not synchronise with it and get an event each. A destroyed stream's
 // work still runs: its last event stays in every fence until it completes.
 //
+// The legacy stream's record is also a command every later command of a blocking stream waits
+// for (CUDA's implicit synchronisation: "any CUDA command to the NULL stream" separates two
+// streams' commands). So while the context has no live non-blocking stream, a fenced block may be
+// reused as soon as its fence is recorded: whatever stream the program uses it on next, that work
+// is ordered after the fence, hence after every earlier user (FenceQueue's `legacy_orders`). A
+// non-blocking stream created later first waits for the newest fence (order_after_fences), so
+// blocks handed out before it existed are safe there too.
+//
 // A stream cuarena has allocated or freed on is never really destroyed: cuarena keeps blocks and
 // events per stream and would record on a dead handle (and a new stream could get the old
 // handle, with the old one's blocks "in stream order"). The program's destroy parks it instead,
@@ -26,6 +34,12 @@ namespace cuarena::shim {
 /// A CUevent that returns to its registry's spares when the last fence holding it is done.
 using FenceEvent = std::shared_ptr<CUevent_st>;
 
+/// One fence: what a batch of synchronous frees waits for.
+struct FenceEvents {
+  FenceEvent legacy;               ///< on the legacy stream: covers every blocking stream
+  std::vector<FenceEvent> others;  ///< non-blocking streams and retired streams' last events
+};
+
 class StreamRegistry {
  public:
   StreamRegistry() = default;
@@ -41,18 +55,24 @@ class StreamRegistry {
   bool retire(CUstream stream);
   /// A parked stream made with `flags` and `priority`, handed back to the program, or nullptr.
   CUstream reuse(unsigned flags, int priority);
-  /// Appends to `out` one event recorded now on the legacy stream and on each non-blocking
+  /// Fills `out` with one event recorded now on the legacy stream and one on each non-blocking
   /// stream, and the retired streams' events not yet complete. Returns false, recording
   /// nothing, while any known stream is capturing a graph (an event there, or on the legacy
   /// stream in global capture mode, would break the capture). Throws BackendError when the
   /// driver refuses an event.
-  bool record_fence(std::vector<FenceEvent>& out);
+  bool record_fence(FenceEvents& out);
+  /// True while a non-blocking stream the program may still launch work on is known (parked
+  /// ones are not: the program destroyed them). Without one, a recorded fence orders every
+  /// later use of its blocks (see above).
+  bool has_live_non_blocking() const;
   /// True while a known stream captures a graph, or a blocking one does (the legacy stream then
   /// answers that it would capture implicitly). O(known streams).
   bool any_capturing() const;
 
  private:
   FenceEvent record(CUstream stream);
+  /// Makes `stream` (non-blocking, new to the program) wait for the newest fence.
+  void order_after_fences(CUstream stream);
   struct Known {
     CUstream stream;
     unsigned flags;
@@ -61,6 +81,7 @@ class StreamRegistry {
   };
   std::vector<Known> streams_;
   std::vector<FenceEvent> retired_;
+  FenceEvent newest_legacy_;  // the legacy event of the newest fence, for order_after_fences
   std::shared_ptr<std::vector<CUevent>> spare_ = std::make_shared<std::vector<CUevent>>();
 };
 

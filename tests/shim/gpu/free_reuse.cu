@@ -15,6 +15,12 @@
 //                           from cudaMalloc, cuMemAlloc_v2, or cudaMallocAsync on B. Under
 //                           --expect-shim the free must also return while A still runs (the
 //                           shim's free does not synchronise the device).
+//   blocking_<how>          the same with no non-blocking stream alive, where the shim hands X
+//                           out again at once (under --expect-shim Y must be X) and relies on
+//                           CUDA's implicit synchronisation with the legacy stream: A and B both
+//                           blocking streams; A the legacy stream and B blocking; and B a
+//                           non-blocking stream created only after Y was handed out (the shim
+//                           must make it wait for the fence).
 //   async_<api>             X from the stream-ordered allocator on A, freed on A; Y allocated on
 //                           B must not be memory A still uses; Z allocated on A again may be X
 //                           (stream order) and is written on A after the kernel: checked too.
@@ -119,15 +125,28 @@ void release(Api api, void* p, cudaStream_t s) {
   }
 }
 
+// Which streams A and B are.
+enum class Kind {
+  NonBlocking,       // both non-blocking (created before X)
+  Blocking,          // both blocking
+  LegacyA,           // A the legacy default stream, B blocking
+  LateNonBlockingB,  // A blocking; B non-blocking, created after Y is allocated
+};
+
 struct Streams {
   cudaStream_t a = nullptr, b = nullptr;
-  Streams() {
-    CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
-    CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  Kind kind;
+  explicit Streams(Kind k = Kind::NonBlocking) : kind(k) {
+    const unsigned flags = k == Kind::NonBlocking ? cudaStreamNonBlocking : cudaStreamDefault;
+    if (k != Kind::LegacyA) CHECK(cudaStreamCreateWithFlags(&a, flags));
+    if (k != Kind::LateNonBlockingB) CHECK(cudaStreamCreateWithFlags(&b, flags));
+  }
+  void late_b() {
+    if (kind == Kind::LateNonBlockingB) CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
   }
   ~Streams() {
-    cudaStreamDestroy(a);
-    cudaStreamDestroy(b);
+    if (a) cudaStreamDestroy(a);
+    if (b) cudaStreamDestroy(b);
   }
 };
 
@@ -145,10 +164,11 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 // X from `api`, freed with `api` right after the long kernel's launch; Y from `realloc_api`
 // (on B where stream-ordered).
-void free_then_alloc(Api api, Api realloc_api, std::size_t size, bool expect_shim) {
+void free_then_alloc(Api api, Api realloc_api, std::size_t size, bool expect_shim,
+                     Kind kind = Kind::NonBlocking) {
   note("free with %s, reallocate with %s, %s blocks", api_name(api), api_name(realloc_api),
        human(size).c_str());
-  Streams st;
+  Streams st(kind);
   const std::size_t n = size / sizeof(std::uint32_t);
   std::uint32_t* r = nullptr;
   CHECK(cudaMalloc(&r, size));
@@ -166,6 +186,7 @@ void free_then_alloc(Api api, Api realloc_api, std::size_t size, bool expect_shi
   const bool a_running = query == cudaErrorNotReady;
   std::uint32_t* y = alloc(realloc_api, size, st.b);
   const double alloc_ms = ms_since(t0) - free_ms;
+  st.late_b();
   fill_words_kernel<<<grid_for(n), 256, 0, st.b>>>(y, n, kP2);
   CHECK_LAUNCH();
   note("free returned after %.1f ms with A %s; the new block came %.1f ms later at %s address",
@@ -176,6 +197,11 @@ void free_then_alloc(Api api, Api realloc_api, std::size_t size, bool expect_shi
            "the free waited for the kernel on A (%.1f ms): under the shim a free must "
            "not synchronise the device",
            free_ms);
+  if (expect_shim && kind != Kind::NonBlocking)
+    expect(y == x && alloc_ms < 50.0,
+           "with no non-blocking stream alive the shim should hand X out again at once "
+           "(got %s address after %.1f ms): this case would not test stream order",
+           y == x ? "the same" : "another", alloc_ms);
   CHECK(cudaDeviceSynchronize());
 
   const unsigned long long bad_r = wrong_words(r, n, kP1);
@@ -254,6 +280,18 @@ int main(int argc, char** argv) {
     run_case(("async_driver" + sz).c_str(), [&] { async_cross_stream(Api::DriverAsync, size); });
     run_case(("async_driver_ptsz" + sz).c_str(),
              [&] { async_cross_stream(Api::DriverAsyncPtsz, size); });
+  }
+  // Last: these need every non-blocking stream of the cases above destroyed.
+  for (std::size_t size : {4 * KiB, 8 * MiB}) {
+    const std::string sz = size < MiB ? "_small" : "_large";
+    run_case(("blocking_streams" + sz).c_str(), [&] {
+      free_then_alloc(Api::Runtime, Api::Runtime, size, expect_shim, Kind::Blocking);
+    });
+    run_case(("blocking_legacy_a" + sz).c_str(),
+             [&] { free_then_alloc(Api::Driver, Api::Driver, size, expect_shim, Kind::LegacyA); });
+    run_case(("blocking_late_non_blocking_b" + sz).c_str(), [&] {
+      free_then_alloc(Api::Runtime, Api::Runtime, size, expect_shim, Kind::LateNonBlockingB);
+    });
   }
   return finish(program);
 }

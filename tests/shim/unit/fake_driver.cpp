@@ -18,6 +18,7 @@ namespace cuarena::shim::fake {
 std::deque<CUevent_st> g_events;  // every event made, kept to the end (stable addresses)
 bool g_capturing = false;
 bool g_sync_refused = false;
+std::vector<std::pair<CUstream, CUevent>> g_waits;
 
 CUevent new_event() {
   g_events.emplace_back();
@@ -48,6 +49,10 @@ const RealDriver& RealDriver::get() {
       return CUDA_SUCCESS;
     };
     t.event_destroy = [](CUevent) { return CUDA_SUCCESS; };
+    t.stream_wait_event = [](CUstream s, CUevent e, unsigned) {
+      fake::g_waits.emplace_back(s, e);
+      return CUDA_SUCCESS;
+    };
     t.stream_get_flags = [](CUstream s, unsigned* flags) {
       *flags = (reinterpret_cast<std::uintptr_t>(s) & 1) ? CU_STREAM_NON_BLOCKING : 0;
       return CUDA_SUCCESS;

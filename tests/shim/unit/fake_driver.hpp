@@ -3,6 +3,8 @@
 
 #include <cuda.h>
 
+#include <utility>
+#include <vector>
 
 namespace cuarena::shim::fake {
 
@@ -10,6 +12,9 @@ namespace cuarena::shim::fake {
 extern bool g_capturing;
 /// While true, cuEventSynchronize fails (as during a global-mode capture elsewhere).
 extern bool g_sync_refused;
+
+/// Every cuStreamWaitEvent made, in order.
+extern std::vector<std::pair<CUstream, CUevent>> g_waits;
 
 /// The device reaches the point where `e` was recorded.
 void complete(CUevent e);

@@ -1,6 +1,7 @@
 // The shim's fenced synchronous frees (shim/src/fence_queue.cpp, stream_registry.cpp) over a fake
-// driver: a block comes back only once every event of its fence has completed, never twice, and
-// the byte counts the pacing relies on stay exact.
+// driver: a block comes back only once every event of its fence has completed (the legacy
+// stream's excepted when stream order covers it), never twice, and the byte counts the pacing
+// relies on stay exact.
 #include "fence_queue.hpp"
 
 #include <gtest/gtest.h>
@@ -26,13 +27,15 @@ TEST(StreamRegistry, OneEventOnTheLegacyStreamAndOneForEachNonBlockingStream) {
   r.add(stream(0x20), false);  // blocking: covered by the legacy stream's event
   r.add(stream(0x11), true);   // seen again: still one
   r.add(nullptr, true);        // default streams are not tracked
-  std::vector<FenceEvent> events;
+  FenceEvents events;
   ASSERT_TRUE(r.record_fence(events));
-  EXPECT_EQ(events.size(), 2u);
+  EXPECT_TRUE(events.legacy);
+  EXPECT_EQ(events.others.size(), 1u);
   fake::g_capturing = true;
-  std::vector<FenceEvent> none;
+  FenceEvents none;
   EXPECT_FALSE(r.record_fence(none)) << "no event while a stream captures a graph";
-  EXPECT_TRUE(none.empty());
+  EXPECT_FALSE(none.legacy);
+  EXPECT_TRUE(none.others.empty());
   fake::g_capturing = false;
 }
 
@@ -45,13 +48,70 @@ TEST(StreamRegistry, UsedStreamsAreParkedAndReusedOthersRetiredWithTheirLastEven
   EXPECT_EQ(r.reuse(CU_STREAM_NON_BLOCKING, 0), stream(0x31));
   EXPECT_EQ(r.reuse(CU_STREAM_NON_BLOCKING, 0), nullptr) << "handed back once";
   // The retired stream's last event is in every fence until it completes.
-  std::vector<FenceEvent> events;
+  FenceEvents events;
   ASSERT_TRUE(r.record_fence(events));
-  EXPECT_EQ(events.size(), 3u);  // legacy, 0x31 (live again), 0x41's last event
-  fake::complete(events[2].get());
-  std::vector<FenceEvent> later;
+  EXPECT_EQ(events.others.size(), 2u);  // 0x31 (live again), 0x41's last event
+  fake::complete(events.others[1].get());
+  FenceEvents later;
   ASSERT_TRUE(r.record_fence(later));
-  EXPECT_EQ(later.size(), 2u) << "a completed retired event is dropped";
+  EXPECT_EQ(later.others.size(), 1u) << "a completed retired event is dropped";
+}
+
+TEST(StreamRegistry, ANonBlockingStreamNewToTheProgramWaitsForTheNewestFence) {
+  StreamRegistry r;
+  fake::g_waits.clear();
+  r.add(stream(0x71), false);
+  EXPECT_TRUE(fake::g_waits.empty()) << "no fence yet: nothing to wait for";
+  EXPECT_TRUE(r.has_live_non_blocking());
+  EXPECT_TRUE(r.retire(stream(0x71))) << "never used by cuarena: destroyed for real";
+  EXPECT_FALSE(r.has_live_non_blocking());
+  r.add(stream(0x80), false);  // blocking: ordered by the legacy stream already
+  EXPECT_FALSE(r.has_live_non_blocking());
+  FenceEvents first, second;
+  ASSERT_TRUE(r.record_fence(first));
+  ASSERT_TRUE(r.record_fence(second));
+  r.add(stream(0x91), true);
+  ASSERT_EQ(fake::g_waits.size(), 1u);
+  EXPECT_EQ(fake::g_waits[0].first, stream(0x91));
+  EXPECT_EQ(fake::g_waits[0].second, second.legacy.get()) << "the newest fence's legacy event";
+  // A parked stream handed back is new to the program too.
+  EXPECT_FALSE(r.retire(stream(0x91)));
+  EXPECT_FALSE(r.has_live_non_blocking()) << "a parked stream gets no new work";
+  FenceEvents third;
+  ASSERT_TRUE(r.record_fence(third));
+  EXPECT_EQ(r.reuse(CU_STREAM_NON_BLOCKING, 0), stream(0x91));
+  ASSERT_EQ(fake::g_waits.size(), 2u);
+  EXPECT_EQ(fake::g_waits[1].second, third.legacy.get());
+  EXPECT_TRUE(r.has_live_non_blocking());
+}
+
+TEST(FenceQueue, StreamOrderReleasesAtOnceButStillWaitsForNonBlockingStreams) {
+  StreamRegistry r;
+  FenceQueue q;
+  std::vector<FenceQueue::Freed> out;
+  ASSERT_TRUE(q.defer(0x1000, 512));
+  FenceEvents only_legacy;
+  ASSERT_TRUE(r.record_fence(only_legacy));
+  FenceEvent legacy = only_legacy.legacy;
+  q.close(std::move(only_legacy));
+  q.take_completed(out, false);
+  EXPECT_TRUE(out.empty()) << "without stream order the legacy event must complete";
+  q.take_completed(out, true);
+  ASSERT_EQ(out.size(), 1u) << "stream order covers the legacy event";
+  EXPECT_FALSE(fake::completed(legacy.get()));
+
+  r.add(stream(0xa1), false);  // a non-blocking stream: its event must complete regardless
+  ASSERT_TRUE(q.defer(0x2000, 512));
+  FenceEvents both;
+  ASSERT_TRUE(r.record_fence(both));
+  FenceEvent side = both.others.at(0);
+  q.close(std::move(both));
+  out.clear();
+  q.take_completed(out, true);
+  EXPECT_TRUE(out.empty());
+  fake::complete(side.get());
+  q.take_completed(out, true);
+  EXPECT_EQ(out.size(), 1u);
 }
 
 TEST(FenceQueue, BlocksComeBackOnlyAfterEveryEventOfTheirFence) {
@@ -62,19 +122,19 @@ TEST(FenceQueue, BlocksComeBackOnlyAfterEveryEventOfTheirFence) {
   ASSERT_TRUE(q.defer(0x2000, 1024));
   EXPECT_FALSE(q.defer(0x1000, 512)) << "a double free is refused";
   EXPECT_EQ(q.outstanding_bytes(), 1536u);
-  std::vector<FenceEvent> events;
+  FenceEvents events;
   ASSERT_TRUE(r.record_fence(events));
-  ASSERT_EQ(events.size(), 2u);
-  std::vector<FenceEvent> held = events;
+  ASSERT_EQ(events.others.size(), 1u);
+  const FenceEvents held = events;
   q.close(std::move(events));
   std::vector<FenceQueue::Freed> out;
-  q.take_completed(out);
+  q.take_completed(out, false);
   EXPECT_TRUE(out.empty());
-  fake::complete(held[1].get());
-  q.take_completed(out);
+  fake::complete(held.others[0].get());
+  q.take_completed(out, false);
   EXPECT_TRUE(out.empty()) << "one event of two done is not enough";
-  fake::complete(held[0].get());
-  q.take_completed(out);
+  fake::complete(held.legacy.get());
+  q.take_completed(out, false);
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(q.outstanding_bytes(), 0u);
   EXPECT_FALSE(q.waiting(0x1000));
@@ -85,17 +145,17 @@ TEST(FenceQueue, ARefusedWaitKeepsTheFence) {
   StreamRegistry r;
   FenceQueue q;
   ASSERT_TRUE(q.defer(0x3000, 512));
-  std::vector<FenceEvent> events;
+  FenceEvents events;
   ASSERT_TRUE(r.record_fence(events));
   q.close(std::move(events));
   std::vector<FenceQueue::Freed> out;
   fake::g_sync_refused = true;
-  EXPECT_FALSE(q.wait_oldest(out)) << "a wait the driver refused proves nothing";
+  EXPECT_FALSE(q.wait_oldest(out, false)) << "a wait the driver refused proves nothing";
   EXPECT_TRUE(out.empty());
   EXPECT_TRUE(q.waiting(0x3000));
   EXPECT_EQ(q.outstanding_bytes(), 512u);
   fake::g_sync_refused = false;
-  EXPECT_TRUE(q.wait_oldest(out));
+  EXPECT_TRUE(q.wait_oldest(out, false));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].ptr, DevicePtr{0x3000});
 }
@@ -114,7 +174,7 @@ TEST(FenceQueue, RandomizedAgainstAModel) {
   for (std::uintptr_t s = 0x61; s < 0x61 + 2 * 4; s += 2) r.add(stream(s), true);
   FenceQueue q;
   struct ModelFence {
-    std::vector<FenceEvent> events;
+    FenceEvents events;
     std::vector<DevicePtr> ptrs;
   };
   std::vector<ModelFence> fences;  // closed, not yet taken, oldest first
@@ -124,15 +184,18 @@ TEST(FenceQueue, RandomizedAgainstAModel) {
   DevicePtr next = 0x10000;
   std::size_t released = 0;
   std::size_t expect = 0;  // bytes of the waiting pointers
-  auto check_out = [&](const std::vector<FenceQueue::Freed>& out) {
+  auto check_out = [&](const std::vector<FenceQueue::Freed>& out, bool legacy_orders) {
     for (const FenceQueue::Freed& f : out) {
       // It must come from the oldest fences, all of whose events are done.
       auto it = std::find_if(fences.begin(), fences.end(), [&](const ModelFence& m) {
         return std::find(m.ptrs.begin(), m.ptrs.end(), f.ptr) != m.ptrs.end();
       });
       ASSERT_NE(it, fences.end()) << "released a pointer no closed fence holds";
-      for (const FenceEvent& e : it->events)
+      for (const FenceEvent& e : it->events.others)
         ASSERT_TRUE(fake::completed(e.get())) << "released early";
+      if (!legacy_orders) {
+        ASSERT_TRUE(fake::completed(it->events.legacy.get())) << "released before the legacy event";
+      }
       ASSERT_EQ(bytes.at(f.ptr), f.bytes);
       expect -= f.bytes;
       bytes.erase(f.ptr);
@@ -159,23 +222,26 @@ TEST(FenceQueue, RandomizedAgainstAModel) {
       bytes[p] = b;
       expect += b;
     } else if (what == 6 && !open.empty()) {  // close the batch
-      std::vector<FenceEvent> events;
+      FenceEvents events;
       ASSERT_TRUE(r.record_fence(events));
       fences.push_back({events, open});
       open.clear();
       q.close(std::move(events));
     } else if (what == 7 && !fences.empty()) {  // the device reaches some recorded point
       ModelFence& f = fences[rng() % fences.size()];
-      fake::complete(f.events[rng() % f.events.size()].get());
+      const std::size_t i = rng() % (f.events.others.size() + 1);
+      fake::complete(i == 0 ? f.events.legacy.get() : f.events.others[i - 1].get());
     } else if (what == 8) {
       std::vector<FenceQueue::Freed> out;
-      q.take_completed(out);
-      check_out(out);
+      const bool legacy_orders = rng() % 4 == 0;
+      q.take_completed(out, legacy_orders);
+      check_out(out, legacy_orders);
     } else if (what == 9 && rng() % 8 == 0) {
       std::vector<FenceQueue::Freed> out;
       const bool had = q.has_closed();
-      ASSERT_EQ(q.wait_oldest(out), had);
-      check_out(out);
+      const bool legacy_orders = rng() % 4 == 0;
+      ASSERT_EQ(q.wait_oldest(out, legacy_orders), had);
+      check_out(out, legacy_orders);
     }
     ASSERT_EQ(q.outstanding_bytes(), expect) << "at operation " << op;
     ASSERT_EQ(q.open_count(), open.size());
