@@ -1,6 +1,6 @@
 // Issue 12, item 5: the replayer's one trace loop (replay_loop.hpp), which the recorded,
-// cuarena-on-the-simulator and torch-*-sim rows, peak_requested(), the series' requested bytes
-// and the benchmarks' compile_trace_ops() share. Its rules on hand-made traces.
+// cuarena-on-the-simulator, torch-*-sim and GPU rows, peak_requested(), the series' requested
+// bytes and the benchmarks' compile_trace_ops() share. Its rules on hand-made traces.
 #include "replay_loop.hpp"
 
 #include <gtest/gtest.h>
@@ -83,6 +83,33 @@ TEST(ReplayLoop, FreesAtFreeRequested) {
   EXPECT_EQ(c.frees, 1u);
   EXPECT_EQ(c.skipped, 0u);
   EXPECT_EQ(early.seen, (std::vector<std::string>{"alloc@0", "requested1@1", "early@2", "end:0"}));
+}
+
+// keep(): a block the row does not keep (the GPU rows' failed allocations) never becomes live:
+// its free is a free of an unknown address (skipped), and a later alloc there is no lost free.
+TEST(ReplayLoop, BlocksNotKeptAreNotLive) {
+  struct OddOnly : Log {
+    bool keep(const int& h) { return h % 2 == 1; }
+  };
+  const std::vector<Event> events = {
+      ev(Action::kAlloc, 0x100, 8),       // 0: block 1, kept
+      ev(Action::kAlloc, 0x200, 8),       // 1: block 2, not kept
+      ev(Action::kFreeCompleted, 0x200),  // 2: not live: skipped
+      ev(Action::kAlloc, 0x200, 8),       // 3: block 3, kept; no lost free
+      ev(Action::kAlloc, 0x100, 8),       // 4: lost free of block 1, then block 4, not kept
+      ev(Action::kFreeCompleted, 0x100),  // 5: not live: skipped
+  };
+  OddOnly h;
+  const TraceCounts c = run_trace<int>(events, h);
+  EXPECT_EQ(c.allocs, 4u);
+  EXPECT_EQ(c.frees, 0u);
+  EXPECT_EQ(c.skipped, 3u);  // events 2 and 5, and the lost free at 4
+  EXPECT_EQ(h.seen, (std::vector<std::string>{"alloc@0", "alloc@1", "alloc@3", "free1@4", "alloc@4",
+                                              "end:1"}));
+  Log all;  // the default keeps every block: the same trace frees blocks 2 and 4
+  const TraceCounts d = run_trace<int>(events, all);
+  EXPECT_EQ(d.frees, 2u);
+  EXPECT_EQ(d.skipped, 1u);  // the lost free at 4 (block 2 was freed at 2: none at 3)
 }
 
 TEST(ReplayLoop, StopsWhereTold) {

@@ -9,6 +9,7 @@
 #include <limits>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "trace.hpp"
@@ -37,6 +38,10 @@ struct TraceHooks {
   void on_event(std::size_t /*i*/, const Event& /*e*/) {}
   /// An allocation (after the lost free of its address, if any, went to on_free).
   Handle on_alloc(std::size_t /*i*/, const Event& /*e*/) { return Handle{}; }
+  /// Whether the block on_alloc returned becomes live. Default: always, a failed allocation too
+  /// (its free then counts as a free, a later alloc of its address as a lost free). The GPU rows
+  /// keep only the blocks they got, so a failed allocation's free is skipped there.
+  bool keep(const Handle& /*h*/) { return true; }
   /// A live block freed: at its free_completed, or at a later alloc of its address (a lost
   /// free; `e` is then that alloc).
   void on_free(std::size_t /*i*/, const Event& /*e*/, Handle& /*h*/) {}
@@ -72,7 +77,8 @@ TraceCounts run_trace(const std::vector<Event>& events, Hooks& hooks,
           live.erase(old);
           if (rules.lost_free_skipped) ++c.skipped;
         }
-        live.emplace(e.addr, hooks.on_alloc(i, e));
+        Handle h = hooks.on_alloc(i, e);
+        if (hooks.keep(h)) live.emplace(e.addr, std::move(h));
         break;
       }
       case Action::kFreeRequested: {
