@@ -98,6 +98,16 @@ bool DeviceState::any_capturing() const {
   return streams_.any_capturing();
 }
 
+void DeviceState::capture_begins(CUstream stream) {
+  std::lock_guard lock(mu_);
+  streams_.capture_begins(stream);
+}
+
+void DeviceState::capture_ends(CUstream stream) {
+  std::lock_guard lock(mu_);
+  streams_.capture_ends(stream);
+}
+
 void DeviceState::add_stream(CUstream stream, bool used) {
   std::lock_guard lock(mu_);
   streams_.add(stream, used);

@@ -90,6 +90,9 @@ class DeviceState {
   /// synchronous allocations and frees are then the driver's (it refuses them, as without the
   /// shim, instead of cuarena handing out memory the graph would keep using).
   bool any_capturing() const;
+  /// The program begins / ends a graph capture on `stream` (StreamRegistry::capture_begins).
+  void capture_begins(CUstream stream);
+  void capture_ends(CUstream stream);
 
   /// Waits for every fenced free and gives it back to cuarena (before an out-of-memory error,
   /// and at the program's request to release memory).

@@ -36,6 +36,20 @@ CUARENA_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags);
 CUARENA_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags,
                                                  int priority);
 CUARENA_HOOK CUresult cuStreamDestroy_v2(CUstream hStream);
+// Graph captures, counted so that "does any stream capture?" costs no driver call.
+CUARENA_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
+CUARENA_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUARENA_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                                  const CUgraphNode* dependencies,
+                                                  const CUgraphEdgeData* dependencyData,
+                                                  size_t numDependencies, CUstreamCaptureMode mode);
+CUARENA_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                       const CUgraphNode* dependencies,
+                                                       const CUgraphEdgeData* dependencyData,
+                                                       size_t numDependencies,
+                                                       CUstreamCaptureMode mode);
+CUARENA_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph);
+CUARENA_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
 
 // Resolvers (interpose.cpp).
 CUARENA_HOOK void* dlsym(void* handle, const char* name) noexcept;

@@ -1,6 +1,10 @@
 // The driver API's memory calls, served from cuarena (serve.hpp) or passed to the driver.
+#include <dlfcn.h>
+#include <execinfo.h>
+
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "hooks.hpp"
 #include "ipc_ticket.hpp"
@@ -59,18 +63,39 @@ void answer(DeviceState& s, CUpointer_attribute a, void* data, DevicePtr base, s
     *static_cast<unsigned long long*>(data) = s.buffer_id(base);
 }
 
+/// The objects (and functions, where exported) on the caller's stack, innermost first: who
+/// made a stream, for CUARENA_LOG.
+std::string callers() {
+  void* frames[12];
+  const int n = backtrace(frames, 12);
+  std::string out;
+  for (int i = 2; i < n; ++i) {  // past this function and the hook
+    Dl_info info{};
+    if (dladdr(frames[i], &info) == 0 || info.dli_fname == nullptr) continue;
+    const char* base = std::strrchr(info.dli_fname, '/');
+    out += out.empty() ? "" : " < ";
+    out += base ? base + 1 : info.dli_fname;
+    if (info.dli_sname) out += std::string(":") + info.dli_sname;
+  }
+  return out;
+}
+
 /// A stream create: a parked stream of the same kind if there is one, else the driver's.
 template <class Create>
 CUresult create_stream(CUstream* phStream, unsigned flags, int priority, Create&& create) {
-  DeviceState* s = phStream != nullptr ? Shim::get().current() : nullptr;
-  if (s != nullptr) {
-    if (CUstream parked = s->reuse_stream(flags, priority)) {
-      *phStream = parked;
-      return CUDA_SUCCESS;
-    }
+  Shim& shim = Shim::get();
+  DeviceState* s = phStream != nullptr ? shim.current() : nullptr;
+  CUresult r = CUDA_SUCCESS;
+  CUstream parked = s != nullptr ? s->reuse_stream(flags, priority) : nullptr;
+  if (parked != nullptr) {
+    *phStream = parked;
+  } else {
+    r = create();
+    if (r == CUDA_SUCCESS && s != nullptr) s->add_stream(*phStream, false);
   }
-  const CUresult r = create();
-  if (r == CUDA_SUCCESS && s != nullptr) s->add_stream(*phStream, false);
+  if (r == CUDA_SUCCESS && shim.logging())
+    shim.log("stream %p %s (flags %#x, priority %d) by %s", static_cast<void*>(*phStream),
+             parked ? "handed back" : "created", flags, priority, callers().c_str());
   return r;
 }
 }  // namespace
@@ -297,4 +322,88 @@ CUARENA_HOOK CUresult cuStreamDestroy_v2(CUstream hStream) {
     }
   }
   return real().stream_destroy(hStream);
+}
+
+namespace {
+/// The state of the context `stream` belongs to (the current one for the default streams).
+DeviceState* state_of(CUstream stream) {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+    return Shim::get().current();
+  CUcontext ctx = nullptr;
+  if (real().stream_get_ctx(stream, &ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
+  return Shim::get().of_context(ctx);
+}
+
+/// A capture begun by `begin` (the driver's call) on `stream` as that ABI names it.
+template <class Begin>
+CUresult begin_capture(CUstream stream, bool ptsz, Begin&& begin) {
+  if (ptsz && stream == nullptr) stream = CU_STREAM_PER_THREAD;
+  DeviceState* s = state_of(stream);
+  // Counted before the driver starts it: no allocation may be served while it might capture.
+  if (s != nullptr) s->capture_begins(stream);
+  const CUresult r = begin();
+  if (s != nullptr && r != CUDA_SUCCESS) s->capture_ends(stream);
+  return r;
+}
+
+template <class End>
+CUresult end_capture(CUstream stream, bool ptsz, End&& end) {
+  if (ptsz && stream == nullptr) stream = CU_STREAM_PER_THREAD;
+  const CUresult r = end();  // ends the capture whatever it returns (an invalidated one too)
+  if (DeviceState* s = state_of(stream)) s->capture_ends(stream);
+  return r;
+}
+}  // namespace
+
+CUARENA_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  return guarded("cuStreamBeginCapture_v2", [&] {
+    return begin_capture(hStream, false,
+                         [&] { return real().stream_begin_capture(hStream, mode); });
+  });
+}
+
+CUARENA_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+  return guarded("cuStreamBeginCapture_v2_ptsz", [&] {
+    return begin_capture(hStream, true,
+                         [&] { return real().stream_begin_capture_ptsz(hStream, mode); });
+  });
+}
+
+CUARENA_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                                  const CUgraphNode* dependencies,
+                                                  const CUgraphEdgeData* dependencyData,
+                                                  size_t numDependencies,
+                                                  CUstreamCaptureMode mode) {
+  return guarded("cuStreamBeginCaptureToGraph", [&] {
+    return begin_capture(hStream, false, [&] {
+      return real().stream_begin_capture_to_graph(hStream, hGraph, dependencies, dependencyData,
+                                                  numDependencies, mode);
+    });
+  });
+}
+
+CUARENA_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                       const CUgraphNode* dependencies,
+                                                       const CUgraphEdgeData* dependencyData,
+                                                       size_t numDependencies,
+                                                       CUstreamCaptureMode mode) {
+  return guarded("cuStreamBeginCaptureToGraph_ptsz", [&] {
+    return begin_capture(hStream, true, [&] {
+      return real().stream_begin_capture_to_graph_ptsz(hStream, hGraph, dependencies,
+                                                       dependencyData, numDependencies, mode);
+    });
+  });
+}
+
+CUARENA_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
+  return guarded("cuStreamEndCapture", [&] {
+    return end_capture(hStream, false, [&] { return real().stream_end_capture(hStream, phGraph); });
+  });
+}
+
+CUARENA_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) {
+  return guarded("cuStreamEndCapture_ptsz", [&] {
+    return end_capture(hStream, true,
+                       [&] { return real().stream_end_capture_ptsz(hStream, phGraph); });
+  });
 }

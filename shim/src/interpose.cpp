@@ -25,7 +25,7 @@ struct Served {
   bool driver;  // a libcuda symbol (else the runtime's)
 };
 
-constexpr std::size_t kServed = 27;
+constexpr std::size_t kServed = 33;
 
 __attribute__((no_sanitize("address"))) const std::array<Served, kServed>& served() {
   static const std::array<Served, kServed> table = {{
@@ -50,6 +50,14 @@ __attribute__((no_sanitize("address"))) const std::array<Served, kServed>& serve
       {"cuStreamCreate", reinterpret_cast<void*>(&cuStreamCreate), true},
       {"cuStreamCreateWithPriority", reinterpret_cast<void*>(&cuStreamCreateWithPriority), true},
       {"cuStreamDestroy_v2", reinterpret_cast<void*>(&cuStreamDestroy_v2), true},
+      {"cuStreamBeginCapture_v2", reinterpret_cast<void*>(&cuStreamBeginCapture_v2), true},
+      {"cuStreamBeginCapture_v2_ptsz", reinterpret_cast<void*>(&cuStreamBeginCapture_v2_ptsz),
+       true},
+      {"cuStreamBeginCaptureToGraph", reinterpret_cast<void*>(&cuStreamBeginCaptureToGraph), true},
+      {"cuStreamBeginCaptureToGraph_ptsz",
+       reinterpret_cast<void*>(&cuStreamBeginCaptureToGraph_ptsz), true},
+      {"cuStreamEndCapture", reinterpret_cast<void*>(&cuStreamEndCapture), true},
+      {"cuStreamEndCapture_ptsz", reinterpret_cast<void*>(&cuStreamEndCapture_ptsz), true},
       {"cudaGetDriverEntryPoint", reinterpret_cast<void*>(&cudaGetDriverEntryPoint), false},
       {"cudaGetDriverEntryPointByVersion",
        reinterpret_cast<void*>(&cudaGetDriverEntryPointByVersion), false},

@@ -93,6 +93,13 @@ const RealDriver& RealDriver::get() {
     load(t.event_synchronize, "cuEventSynchronize");
     load(t.event_destroy, "cuEventDestroy_v2");
     load(t.stream_wait_event, "cuStreamWaitEvent");
+    load(t.stream_query, "cuStreamQuery");
+    load(t.stream_begin_capture, "cuStreamBeginCapture_v2");
+    load(t.stream_begin_capture_ptsz, "cuStreamBeginCapture_v2_ptsz");
+    load(t.stream_begin_capture_to_graph, "cuStreamBeginCaptureToGraph");
+    load(t.stream_begin_capture_to_graph_ptsz, "cuStreamBeginCaptureToGraph_ptsz");
+    load(t.stream_end_capture, "cuStreamEndCapture");
+    load(t.stream_end_capture_ptsz, "cuStreamEndCapture_ptsz");
     return t;
   }();
   return table;

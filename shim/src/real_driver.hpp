@@ -60,6 +60,17 @@ struct RealDriver {
   CUresult (*event_synchronize)(CUevent) = nullptr;
   CUresult (*event_destroy)(CUevent) = nullptr;
   CUresult (*stream_wait_event)(CUstream, CUevent, unsigned int) = nullptr;
+  CUresult (*stream_query)(CUstream) = nullptr;
+  CUresult (*stream_begin_capture)(CUstream, CUstreamCaptureMode) = nullptr;
+  CUresult (*stream_begin_capture_ptsz)(CUstream, CUstreamCaptureMode) = nullptr;
+  CUresult (*stream_begin_capture_to_graph)(CUstream, CUgraph, const CUgraphNode*,
+                                            const CUgraphEdgeData*, size_t,
+                                            CUstreamCaptureMode) = nullptr;
+  CUresult (*stream_begin_capture_to_graph_ptsz)(CUstream, CUgraph, const CUgraphNode*,
+                                                 const CUgraphEdgeData*, size_t,
+                                                 CUstreamCaptureMode) = nullptr;
+  CUresult (*stream_end_capture)(CUstream, CUgraph*) = nullptr;
+  CUresult (*stream_end_capture_ptsz)(CUstream, CUgraph*) = nullptr;
 
   /// The table, built on first use. Without a driver every entry is nullptr.
   static const RealDriver& get();

@@ -105,10 +105,12 @@ bool StreamRegistry::any_capturing() const {
     return d.stream_is_capturing(s, &status) != CUDA_SUCCESS ||
            status != CU_STREAM_CAPTURE_STATUS_NONE;
   };
-  if (capturing(CU_STREAM_LEGACY)) return true;
-  for (const Known& k : streams_)
-    if (!k.parked && capturing(k.stream)) return true;
-  return false;
+  return !capturing_.empty() || capturing(CU_STREAM_LEGACY);
+}
+
+void StreamRegistry::capture_ends(CUstream stream) {
+  auto it = std::find(capturing_.begin(), capturing_.end(), stream);
+  if (it != capturing_.end()) capturing_.erase(it);
 }
 
 bool StreamRegistry::record_fence(FenceEvents& out) {
@@ -116,8 +118,12 @@ bool StreamRegistry::record_fence(FenceEvents& out) {
   const RealDriver& d = RealDriver::get();
   out.legacy = record(CU_STREAM_LEGACY);
   newest_legacy_ = out.legacy;
-  for (const Known& k : streams_)
-    if (k.flags & CU_STREAM_NON_BLOCKING) out.others.push_back(record(k.stream));
+  for (const Known& k : streams_) {
+    if (!(k.flags & CU_STREAM_NON_BLOCKING)) continue;
+    // An idle stream has no earlier work to wait for (PyTorch creates dozens it rarely uses).
+    if (d.stream_query(k.stream) == CUDA_SUCCESS) continue;
+    out.others.push_back(record(k.stream));
+  }
   std::erase_if(retired_,
                 [&](const FenceEvent& e) { return d.event_query(e.get()) == CUDA_SUCCESS; });
   out.others.insert(out.others.end(), retired_.begin(), retired_.end());

@@ -65,9 +65,15 @@ class StreamRegistry {
   /// ones are not: the program destroyed them). Without one, a recorded fence orders every
   /// later use of its blocks (see above).
   bool has_live_non_blocking() const;
-  /// True while a known stream captures a graph, or a blocking one does (the legacy stream then
-  /// answers that it would capture implicitly). O(known streams).
+  /// True while a capture the program began (cuStreamBeginCapture*, counted by the hooks) has
+  /// not ended, or while the legacy stream answers that it would capture (a blocking stream
+  /// captures in global mode). One driver call at most; a capture on a non-blocking stream begun
+  /// through a path the hooks do not see is not detected.
   bool any_capturing() const;
+  /// The program begins a capture on `stream` (counted before the driver starts it) and ends it
+  /// (or its begin failed).
+  void capture_begins(CUstream stream) { capturing_.push_back(stream); }
+  void capture_ends(CUstream stream);
 
  private:
   FenceEvent record(CUstream stream);
@@ -81,7 +87,8 @@ class StreamRegistry {
   };
   std::vector<Known> streams_;
   std::vector<FenceEvent> retired_;
-  FenceEvent newest_legacy_;  // the legacy event of the newest fence, for order_after_fences
+  std::vector<CUstream> capturing_;  // one entry per capture begun and not ended
+  FenceEvent newest_legacy_;         // the legacy event of the newest fence, for order_after_fences
   std::shared_ptr<std::vector<CUevent>> spare_ = std::make_shared<std::vector<CUevent>>();
 };
 

@@ -76,6 +76,12 @@ EXPECTED_EXPORTS = (
     "cuStreamCreate",
     "cuStreamCreateWithPriority",
     "cuStreamDestroy_v2",
+    "cuStreamBeginCapture_v2",
+    "cuStreamBeginCapture_v2_ptsz",
+    "cuStreamBeginCaptureToGraph",
+    "cuStreamBeginCaptureToGraph_ptsz",
+    "cuStreamEndCapture",
+    "cuStreamEndCapture_ptsz",
     # runtime API (PyTorch calls these directly)
     "cudaMalloc",
     "cudaFree",

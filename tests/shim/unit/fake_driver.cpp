@@ -19,6 +19,7 @@ std::deque<CUevent_st> g_events;  // every event made, kept to the end (stable a
 bool g_capturing = false;
 bool g_sync_refused = false;
 std::vector<std::pair<CUstream, CUevent>> g_waits;
+std::vector<CUstream> g_idle;
 
 CUevent new_event() {
   g_events.emplace_back();
@@ -49,6 +50,11 @@ const RealDriver& RealDriver::get() {
       return CUDA_SUCCESS;
     };
     t.event_destroy = [](CUevent) { return CUDA_SUCCESS; };
+    t.stream_query = [](CUstream s) {
+      for (CUstream i : fake::g_idle)
+        if (i == s) return CUDA_SUCCESS;
+      return CUDA_ERROR_NOT_READY;
+    };
     t.stream_wait_event = [](CUstream s, CUevent e, unsigned) {
       fake::g_waits.emplace_back(s, e);
       return CUDA_SUCCESS;

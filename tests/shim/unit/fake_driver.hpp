@@ -13,6 +13,8 @@ extern bool g_capturing;
 /// While true, cuEventSynchronize fails (as during a global-mode capture elsewhere).
 extern bool g_sync_refused;
 
+/// Streams whose cuStreamQuery answers "all work done" (others: "not ready").
+extern std::vector<CUstream> g_idle;
 /// Every cuStreamWaitEvent made, in order.
 extern std::vector<std::pair<CUstream, CUevent>> g_waits;
 

@@ -166,6 +166,32 @@ TEST(StreamRegistry, ACaptureAnywhereIsSeen) {
   fake::g_capturing = true;
   EXPECT_TRUE(r.any_capturing()) << "the legacy stream's answer covers blocking streams";
   fake::g_capturing = false;
+  // Captures the hooks counted, with no driver query saying so.
+  r.capture_begins(stream(0xb1));
+  r.capture_begins(stream(0xc1));
+  EXPECT_TRUE(r.any_capturing());
+  r.capture_ends(stream(0xb1));
+  EXPECT_TRUE(r.any_capturing()) << "0xc1 still captures";
+  r.capture_ends(stream(0xd1));  // never began: no effect
+  EXPECT_TRUE(r.any_capturing());
+  r.capture_ends(stream(0xc1));
+  EXPECT_FALSE(r.any_capturing());
+  FenceEvents events;
+  r.capture_begins(stream(0xb1));
+  EXPECT_FALSE(r.record_fence(events)) << "no fence during a counted capture";
+  r.capture_ends(stream(0xb1));
+  EXPECT_TRUE(r.record_fence(events));
+}
+
+TEST(StreamRegistry, AnIdleNonBlockingStreamNeedsNoEvent) {
+  StreamRegistry r;
+  r.add(stream(0xe1), false);
+  r.add(stream(0xf1), false);
+  fake::g_idle = {stream(0xe1)};
+  FenceEvents events;
+  ASSERT_TRUE(r.record_fence(events));
+  EXPECT_EQ(events.others.size(), 1u) << "only the busy stream is fenced";
+  fake::g_idle.clear();
 }
 
 TEST(FenceQueue, RandomizedAgainstAModel) {
