@@ -319,6 +319,19 @@ std::string run_report_script(const std::vector<std::string>& args) {
 
 }  // namespace
 
+void check_json(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path json(path);
+  if (std::filesystem::is_directory(json, ec))
+    throw ConfigError("--json " + path + " is a directory; give a file name such as " +
+                      (json / "results.json").string());
+  const std::string dir = json.has_parent_path() ? json.parent_path().string() : ".";
+  const bool exists = std::filesystem::exists(json, ec);
+  if (::access(exists ? path.c_str() : dir.c_str(), W_OK) != 0)
+    throw ConfigError("--json " + path + ": cannot write " + (exists ? "it" : "in " + dir) + ": " +
+                      std::strerror(errno));
+}
+
 void check_report(const std::string& path) {
   const std::filesystem::path p(path);
   std::string ext = p.extension().string();

@@ -48,6 +48,10 @@ void write_json(const std::string& path, const std::vector<Result>& results, boo
 /// Reads what write_json() wrote. Throws TraceError.
 std::vector<Result> read_json(const std::string& path);
 
+/// --json PATH: checks, before any replay, that PATH is not a directory and can be written,
+/// without creating it (a run that fails leaves no empty results file). Throws ConfigError.
+void check_json(const std::string& path);
+
 /// --report PATH: checks, before any replay, that PATH ends in .html or .png, is not a
 /// directory, can be written, and that the report script's Python has matplotlib. Throws
 /// ConfigError naming the problem (for a missing module: which, and how to install it).

@@ -1,0 +1,138 @@
+// `cuarena replay`: settings checked, traces loaded, every row replayed through the allocator
+// registry, results printed and written.
+#include "replay_command.hpp"
+
+#include <algorithm>
+#include <iostream>
+#include <optional>
+
+#include "allocator_registry.hpp"
+#include "cuarena/config.hpp"
+#include "cuarena/errors.hpp"
+#include "torch_sim.hpp"
+
+namespace cuarena::replay {
+
+namespace {
+
+bool has(const std::vector<std::string>& v, const char* x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// --config (else $CUARENA_CONF), --capacity and --torch-conf, checked.
+SimOptions sim_options(const ReplayArgs& a) {
+  SimOptions sim;
+  if (a.config.empty()) {
+    try {
+      sim.config = Config::from_env();
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("$CUARENA_CONF: ") + e.what());
+    }
+  } else {
+    sim.config = Config::parse(a.config);
+  }
+  if (!a.capacity.empty()) {
+    sim.capacity = parse_size(a.capacity, "--capacity");
+    if (sim.capacity < sim.config.sim_granularity)
+      throw ConfigError("--capacity " + a.capacity + " is smaller than one granule");
+    if (sim.capacity > kMaxDeviceBytes)
+      throw ConfigError("--capacity " + a.capacity + " is larger than any device (at most 16TiB)");
+  }
+  sim.torch_conf = a.torch_conf;
+  sim.series = a.series || !a.report.empty();
+  return sim;
+}
+
+}  // namespace
+
+int run_replay(ReplayArgs a) {
+  SimOptions sim = sim_options(a);
+  const bool gpu = has(a.backends, "cuda");
+  const bool on_sim = has(a.backends, "sim");
+  const bool explicit_allocators = !a.allocators.empty();
+  if (a.allocators.empty()) a.allocators = default_allocators(on_sim, gpu);
+  check_allocators(a.allocators, on_sim, gpu);
+  check_torch_conf(a.torch_conf, a.allocators);
+  if (a.verify && !gpu) throw ConfigError("--verify needs --backend cuda (it tags real memory)");
+  if (gpu) {
+    const std::string why = cuda_unavailable_reason(a.device);
+    if (!why.empty()) throw ConfigError("--backend cuda: " + why);
+    a.allocators = available_on_gpu(a.allocators, explicit_allocators, std::cerr);
+  }
+  if (a.series && a.json.empty())
+    throw ConfigError("--series adds the time series to the JSON: give --json FILE too");
+  // Fail now, not after a long replay, if the outputs cannot be written (and the report drawn).
+  if (!a.json.empty()) check_json(a.json);
+  if (!a.report.empty()) check_report(a.report);
+  // Load everything first, so a bad file is reported before any long replay; the others are
+  // still replayed and the exit status is 2 at the end.
+  std::vector<std::pair<std::string, std::vector<Event>>> traces;
+  bool bad_input = false;
+  for (const std::string& path : a.traces) {
+    try {
+      traces.emplace_back(path, load_trace(path));
+    } catch (const TraceError& e) {
+      std::cerr << "cuarena: error: " << e.what() << '\n';
+      bad_input = true;
+    }
+  }
+  if (traces.empty()) return 2;  // nothing to replay: no table, no JSON
+
+  std::vector<Result> results;
+  bool failures = false;
+  Notes notes;  // per-device notes, one line per trace and text (flushed after each trace)
+  for (const auto& [path, events] : traces) {
+    const auto by_device = split_by_device(events);  // one pass, however many devices
+    if (by_device.empty()) std::cerr << "cuarena replay: " << path << ": the trace has no events\n";
+    const std::string trace = trace_name(path);
+    for (const auto& [device, ev] : by_device) {
+      const bool one = by_device.size() == 1 && device == 0;
+      const std::string label = one ? "" : "cuda" + std::to_string(device);
+      const std::string name = one ? trace : trace + ":" + label;
+      const RowContext c{path, ev, trace, label, a, sim, notes, explicit_allocators};
+      for (const std::string& allocator : a.allocators) {
+        const AllocatorEntry& entry = *find_allocator(allocator);
+        std::vector<std::optional<Result>> rows;
+        if (entry.trace) rows.push_back(entry.trace(allocator, c));
+        if (entry.sim && on_sim) rows.push_back(entry.sim(allocator, c));
+        if (entry.cuda && gpu) {
+          try {
+            rows.push_back(entry.cuda(allocator, c));
+          } catch (const std::runtime_error& e) {  // report, go on with the other allocators
+            std::cerr << "cuarena: error: " << e.what() << '\n';
+            failures = true;
+          }
+        }
+        for (auto& row : rows) {
+          if (!row) continue;
+          row->trace = name;
+          row->device = device;
+          results.push_back(std::move(*row));
+        }
+      }
+    }
+    notes.flush(std::cerr);
+  }
+  bool out_of_memory = false;  // a replayed row (not the recording) ran out of memory
+  const bool verdicts = !a.capacity.empty() || a.check;
+  if (verdicts) {
+    for (Result& r : results) {
+      if (r.allocator == "recorded")
+        r.capacity_bytes = sim_capacity_bytes(sim);
+      else
+        out_of_memory = out_of_memory || r.ooms > 0;
+      r.verdict = verdict(r);
+    }
+  }
+  print_table(std::cout, results);
+  if (verdicts) {
+    std::cout << '\n';
+    print_verdicts(std::cout, results);
+  }
+  if (!a.json.empty()) write_json(a.json, results, a.series);
+  if (!a.report.empty()) write_report(a.report, results);
+  if (bad_input) return 2;  // bad input outranks a failed replay
+  return failures || (a.check && out_of_memory) ? 1 : 0;
+}
+
+}  // namespace cuarena::replay
