@@ -52,6 +52,30 @@ TEST_P(RealTrace, CuarenaReplaysWithoutOutOfMemoryAndBeatsNative) {
   EXPECT_LT(r.peak_reserved_bytes, GetParam().native_reserved);
 }
 
+// The cuarena row's counters are the allocator's whole Stats::to_map() (issue 12, item 5), each
+// cuarena.X also under the replayer's earlier name X; they agree with the row's own figures.
+TEST_P(RealTrace, CuarenaCountersAreTheAllocatorsStats) {
+  const auto events = load_trace(trace_path(GetParam().file));
+  const Result r = replay_cuarena(events, SimOptions{});
+  for (const auto& [key, value] : Stats{}.to_map()) {
+    ASSERT_TRUE(r.counters.count(key)) << key;
+    if (key.rfind("cuarena.", 0) == 0) {
+      EXPECT_EQ(r.counters.at(key.substr(8)), r.counters.at(key)) << key;
+    }
+  }
+  for (const char* earlier :  // the names the row reported before to_map()
+       {"num_device_alloc", "num_device_free", "granules_stolen", "granules_aliased",
+        "granules_reactivated", "map_calls", "unmap_calls", "access_calls", "granules_mapped",
+        "granules_unmapped", "stitched_ranges", "defrag_passes", "num_sync_all_streams",
+        "slabs_created", "cross_stream_reuses"}) {
+    EXPECT_TRUE(r.counters.count(earlier)) << earlier;
+  }
+  EXPECT_EQ(std::uint64_t(r.counters.at("reserved_bytes.all.peak")), r.peak_reserved_bytes);
+  EXPECT_EQ(std::uint64_t(r.counters.at("allocation.all.allocated")), r.allocs);
+  EXPECT_EQ(r.counters.at("num_ooms"), 0);
+  EXPECT_GT(r.counters.at("map_calls"), 0);
+}
+
 // The whole trace through the allocator with every invariant checked along the way.
 TEST_P(RealTrace, InvariantsHoldThroughoutReplay) {
   const auto events = load_trace(trace_path(GetParam().file));

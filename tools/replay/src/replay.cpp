@@ -105,6 +105,15 @@ FreeExtents recorded_free(const std::vector<Event>& events, std::size_t last) {
 
 }  // namespace
 
+std::map<std::string, std::int64_t> stats_counters(const Stats& stats) {
+  const std::map<std::string, std::int64_t> all = stats.to_map();
+  std::map<std::string, std::int64_t> out = all;
+  const std::string prefix = "cuarena.";
+  for (const auto& [key, value] : all)
+    if (key.rfind(prefix, 0) == 0) out.emplace(key.substr(prefix.size()), value);
+  return out;
+}
+
 std::vector<Event> device_events(const std::vector<Event>& all, int device) {
   std::vector<Event> out;
   std::copy_if(all.begin(), all.end(), std::back_inserter(out),
@@ -407,22 +416,7 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
     run.frag = alloc.fragmentation();
     run.breakdown = alloc.memory_breakdown();
   }
-  const Stats s = alloc.stats();
-  run.counters = {{"num_device_alloc", s.num_device_alloc},
-                  {"num_device_free", s.num_device_free},
-                  {"granules_stolen", s.granules_stolen},
-                  {"granules_aliased", s.granules_aliased},
-                  {"granules_reactivated", s.granules_reactivated},
-                  {"map_calls", s.map_calls},
-                  {"unmap_calls", s.unmap_calls},
-                  {"access_calls", s.access_calls},
-                  {"granules_mapped", s.granules_mapped},
-                  {"granules_unmapped", s.granules_unmapped},
-                  {"stitched_ranges", s.stitched_ranges},
-                  {"defrag_passes", s.defrag_passes},
-                  {"num_sync_all_streams", s.num_sync_all_streams},
-                  {"slabs_created", s.slabs_created},
-                  {"cross_stream_reuses", s.cross_stream_reuses}};
+  run.counters = stats_counters(alloc.stats());
   run.limit = alloc.memory_limit();
   return run;
 }

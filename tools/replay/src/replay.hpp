@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuarena/config.hpp"
+#include "cuarena/stats.hpp"
 #include "trace.hpp"
 
 namespace cuarena::replay {
@@ -96,6 +97,12 @@ struct Result {
   /// Reserved and requested bytes over the replay, when asked for (the rows' series_points).
   std::optional<Series> series;
 };
+
+/// A cuarena row's counters (Result::counters): every Stats::to_map() key (PyTorch's
+/// memory_stats() names, `allocated_bytes.all.peak`, `num_device_alloc`, ..., and cuarena's
+/// `cuarena.map_calls`, ...), and each `cuarena.X` also as `X`, the name the replayer used
+/// before (`map_calls`, `granules_stolen`, ...).
+std::map<std::string, std::int64_t> stats_counters(const Stats& stats);
 
 /// Events of one device, in trace order.
 std::vector<Event> device_events(const std::vector<Event>& all, int device);
