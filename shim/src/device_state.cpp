@@ -7,6 +7,7 @@
 #include "cuarena/cuda_ipc.hpp"
 #include "cuarena/errors.hpp"
 #include "real_driver.hpp"
+#include "shim.hpp"
 
 namespace cuarena::shim {
 
@@ -43,6 +44,7 @@ DeviceState::DeviceState(CUcontext context, int device, const ShimConfig& config
 void* DeviceState::allocate(std::size_t bytes, StreamId stream) {
   settle_frees();
   try {
+    SpentTimer timer(Shim::Part::kCore);
     return alloc_.allocate(bytes, stream);
   } catch (const OutOfMemoryError&) {
   }
@@ -88,7 +90,10 @@ void DeviceState::free_async(DevicePtr ptr, const Allocator::BlockInfo& block, S
     add_stream(reinterpret_cast<CUstream>(stream), true);
     alloc_.record_stream(p, stream);
   }
-  alloc_.deallocate(p);
+  {
+    SpentTimer timer(Shim::Part::kCore);
+    alloc_.deallocate(p);
+  }
   if (trace_)
     trace_->record(cuat::Action::kFreeCompleted, device_, block.stream, ptr, block.requested);
 }
@@ -169,6 +174,7 @@ void DeviceState::drain_frees() {
 bool DeviceState::close_batch() {
   if (fences_.open_count() == 0) return true;
   ContextScope scope(context_);
+  SpentTimer timer(Shim::Part::kFence);
   FenceEvents events;
   if (!streams_.record_fence(events)) return false;  // a capture is under way: later
   fences_.close(std::move(events));
@@ -177,6 +183,7 @@ bool DeviceState::close_batch() {
 }
 
 void DeviceState::release(std::vector<FenceQueue::Freed>& freed) {
+  SpentTimer timer(Shim::Part::kCore);
   for (const FenceQueue::Freed& f : freed) {
     std::optional<Allocator::BlockInfo> b;
     if (trace_) b = alloc_.find(reinterpret_cast<void*>(f.ptr));

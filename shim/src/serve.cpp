@@ -43,6 +43,7 @@ StreamId alloc_stream(CUstream stream, Ordering ordering) {
 
 std::optional<CUresult> serve_alloc(CUdeviceptr* ptr, std::size_t bytes, CUstream stream,
                                     Ordering ordering) {
+  SpentTimer timer(Shim::Part::kAlloc);
   Shim& shim = Shim::get();
   if (ptr == nullptr || bytes == 0 || !have_driver())
     return std::nullopt;  // the driver's own answer
@@ -83,6 +84,7 @@ std::optional<CUresult> serve_alloc(CUdeviceptr* ptr, std::size_t bytes, CUstrea
 }
 
 std::optional<CUresult> serve_free(CUdeviceptr ptr, CUstream stream, Ordering ordering) {
+  SpentTimer timer(Shim::Part::kFree);
   Shim& shim = Shim::get();
   if (ptr == 0 || !have_driver()) return std::nullopt;
   Allocator::BlockInfo block{};

@@ -185,21 +185,24 @@ std::string Shim::summary() {
     fences.ordered += f.ordered;
   }
   // The driver calls and host waits are what a served call can cost beyond cuarena's own work.
+  auto ms = [&](Part p) { return double(spent_[std::size_t(p)].load()) / 1e6; };
   char line[512];
-  std::snprintf(line, sizeof line,
-                "peak_requested_bytes=%lld peak_reserved_bytes=%lld reserved_ratio=%.4f "
-                "calls_served=%llu calls_passed_through=%llu map_calls=%lld unmap_calls=%lld "
-                "access_calls=%lld device_allocs=%lld device_frees=%lld fences=%llu "
-                "fence_waits=%llu fence_wait_ms=%.1f ordered_releases=%llu pid=%d",
-                static_cast<long long>(requested), static_cast<long long>(reserved),
-                requested > 0 ? double(reserved) / double(requested) : 0.0,
-                static_cast<unsigned long long>(served_.load()),
-                static_cast<unsigned long long>(passed_.load()), static_cast<long long>(maps),
-                static_cast<long long>(unmaps), static_cast<long long>(access),
-                static_cast<long long>(creates), static_cast<long long>(releases),
-                static_cast<unsigned long long>(fences.fences),
-                static_cast<unsigned long long>(fences.waits), double(fences.wait_ns) / 1e6,
-                static_cast<unsigned long long>(fences.ordered), int(::getpid()));
+  std::snprintf(
+      line, sizeof line,
+      "peak_requested_bytes=%lld peak_reserved_bytes=%lld reserved_ratio=%.4f "
+      "calls_served=%llu calls_passed_through=%llu map_calls=%lld unmap_calls=%lld "
+      "access_calls=%lld device_allocs=%lld device_frees=%lld fences=%llu "
+      "fence_waits=%llu fence_wait_ms=%.1f ordered_releases=%llu alloc_ms=%.1f free_ms=%.1f "
+      "core_ms=%.1f fence_ms=%.1f pid=%d",
+      static_cast<long long>(requested), static_cast<long long>(reserved),
+      requested > 0 ? double(reserved) / double(requested) : 0.0,
+      static_cast<unsigned long long>(served_.load()),
+      static_cast<unsigned long long>(passed_.load()), static_cast<long long>(maps),
+      static_cast<long long>(unmaps), static_cast<long long>(access),
+      static_cast<long long>(creates), static_cast<long long>(releases),
+      static_cast<unsigned long long>(fences.fences), static_cast<unsigned long long>(fences.waits),
+      double(fences.wait_ns) / 1e6, static_cast<unsigned long long>(fences.ordered),
+      ms(Part::kAlloc), ms(Part::kFree), ms(Part::kCore), ms(Part::kFence), int(::getpid()));
   return line;
 }
 
@@ -228,6 +231,7 @@ void Shim::after_fork_in_child() {
   if (!config_.trace_path.empty())
     trace_ = std::make_unique<TraceRecorder>(config_.trace_path + "." + std::to_string(::getpid()));
   served_.store(0);
+  for (auto& part : spent_) part.store(0);
   passed_.store(0);
   forked_child_ = true;
   for (Slot& s : slots_) {

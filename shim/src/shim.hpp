@@ -13,6 +13,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdarg>
 #include <map>
 #include <memory>
@@ -44,6 +45,13 @@ class Shim {
   /// Memory imported from another process with an IPC ticket, unmapped when closed.
   void add_import(CUdeviceptr ptr, std::shared_ptr<void> mapping);
   bool close_import(CUdeviceptr ptr);
+
+  /// Host time the served calls spent, by part (nanoseconds, all threads), for the summary: what
+  /// the shim costs the program beside the device's own work.
+  enum class Part : int { kAlloc, kFree, kCore, kFence, kCount };
+  void spent(Part part, std::uint64_t ns) {
+    spent_[std::size_t(part)].fetch_add(ns, std::memory_order_relaxed);
+  }
 
   void served() { served_.fetch_add(1, std::memory_order_relaxed); }
   void passed() { passed_.fetch_add(1, std::memory_order_relaxed); }
@@ -78,6 +86,24 @@ class Shim {
   bool forked_child_ = false;  // a child of fork(): writes a trace only if it recorded events
   std::atomic<std::uint64_t> served_{0};
   std::atomic<std::uint64_t> passed_{0};
+  std::array<std::atomic<std::uint64_t>, std::size_t(Part::kCount)> spent_{};
+};
+
+/// Adds the time from its construction to its destruction to one of Shim::spent's parts.
+class SpentTimer {
+ public:
+  explicit SpentTimer(Shim::Part part) : part_(part), start_(std::chrono::steady_clock::now()) {}
+  ~SpentTimer() {
+    Shim::get().spent(part_, std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                               std::chrono::steady_clock::now() - start_)
+                                               .count()));
+  }
+  SpentTimer(const SpentTimer&) = delete;
+  SpentTimer& operator=(const SpentTimer&) = delete;
+
+ private:
+  Shim::Part part_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 }  // namespace cuarena::shim
