@@ -62,12 +62,12 @@
 #include <utility>
 #include <vector>
 
-#include "cub_caching.hpp"
+#include "cuarena/replay/cub_caching.hpp"
 #include "cuarena/config.hpp"
-#include "gpu_replay.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
 #include "trace_ops.hpp"
-#include "replay.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/replay.hpp"
+#include "cuarena/replay/trace.hpp"
 #ifdef CUARENA_BENCH_TORCH
 #include "torch_adapter.hpp"
 #endif

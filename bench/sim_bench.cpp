@@ -52,8 +52,8 @@
 
 #include "cuarena/allocator.hpp"
 #include "cuarena/sim_backend.hpp"
-#include "replay.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/replay.hpp"
+#include "cuarena/replay/trace.hpp"
 #include "trace_ops.hpp"
 
 #ifndef CUARENA_BENCH_TRACE_DIR

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <unordered_map>
 
-#include "replay_loop.hpp"
+#include "cuarena/replay/replay_loop.hpp"
 
 namespace cuarena::bench {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "trace.hpp"
+#include "cuarena/replay/trace.hpp"
 
 namespace cuarena::bench {
 

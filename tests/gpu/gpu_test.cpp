@@ -15,9 +15,9 @@
 #include "cuarena/cuda_segment_backends.hpp"
 #include "cuarena/cuda_vmm_backend.hpp"
 #include "cuarena/sim_backend.hpp"
-#include "gpu_replay.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
 #include "gpu_verify.cuh"
-#include "replay.hpp"
+#include "cuarena/replay/replay.hpp"
 
 using namespace cuarena;
 using namespace cuarena::replay;

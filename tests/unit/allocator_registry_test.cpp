@@ -1,6 +1,6 @@
 // Issue 12, item 5: the replayer's allocator registry (allocator_registry.hpp), the one table
 // that --allocator's choices and help, the default rows and run_replay's dispatch read.
-#include "allocator_registry.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 
 #include <gtest/gtest.h>
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "replay.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/replay.hpp"
+#include "cuarena/replay/trace.hpp"
 
 using namespace cuarena;
 using namespace cuarena::replay;

@@ -20,7 +20,7 @@
 
 #include "cuarena/config.hpp"
 #include "cuarena/errors.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/trace.hpp"
 
 using namespace cuarena;
 using namespace cuarena::replay;

@@ -1,14 +1,14 @@
 // Issue 12, item 5: the replayer's one trace loop (replay_loop.hpp), which the recorded,
 // cuarena-on-the-simulator, torch-*-sim and GPU rows, peak_requested(), the series' requested
 // bytes and the benchmarks' compile_trace_ops() share. Its rules on hand-made traces.
-#include "replay_loop.hpp"
+#include "cuarena/replay/replay_loop.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "trace.hpp"
+#include "cuarena/replay/trace.hpp"
 
 using namespace cuarena::replay;
 

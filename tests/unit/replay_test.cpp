@@ -6,9 +6,9 @@
 
 #include "cuarena/allocator.hpp"
 #include "cuarena/sim_backend.hpp"
-#include "replay.hpp"
+#include "cuarena/replay/replay.hpp"
 #include "sha256.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/trace.hpp"
 
 using namespace cuarena;
 using namespace cuarena::replay;

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <string>
 
-#include "replay.hpp"
-#include "torch_sim.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/replay.hpp"
+#include "cuarena/replay/torch_sim.hpp"
+#include "cuarena/replay/trace.hpp"
 
 using namespace cuarena;
 using namespace cuarena::replay;

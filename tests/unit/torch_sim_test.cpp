@@ -10,9 +10,9 @@
 #include <sys/wait.h>
 
 #include "cuarena/errors.hpp"
-#include "replay.hpp"
-#include "torch_sim.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/replay.hpp"
+#include "cuarena/replay/torch_sim.hpp"
+#include "cuarena/replay/trace.hpp"
 
 using namespace cuarena;
 using namespace cuarena::replay;

@@ -1,4 +1,4 @@
-#include "allocator_registry.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 // cub::CachingDeviceAllocator behind CubCachingAllocator (see cub_caching.hpp). Host code only.
 #include <cub/util_allocator.cuh>
 
-#include "cub_caching.hpp"
+#include "cuarena/replay/cub_caching.hpp"
 
 namespace cuarena::replay {
 

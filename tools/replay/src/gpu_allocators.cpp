@@ -7,12 +7,12 @@
 #include <string>
 #include <unordered_map>
 
-#include "cub_caching.hpp"
+#include "cuarena/replay/cub_caching.hpp"
 #include "cuarena/allocator.hpp"
 #include "cuarena/cuda_backend.hpp"
 #include "cuda_check.hpp"
-#include "gpu_capacity.hpp"
-#include "gpu_replay.hpp"
+#include "cuarena/replay/gpu_capacity.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
 
 namespace cuarena::replay {
 

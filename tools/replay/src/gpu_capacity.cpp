@@ -1,11 +1,11 @@
-#include "gpu_capacity.hpp"
+#include "cuarena/replay/gpu_capacity.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <string>
 
 #include "cuda_check.hpp"
-#include "replay.hpp"
+#include "cuarena/replay/replay.hpp"
 
 namespace cuarena::replay {
 

@@ -1,4 +1,4 @@
-#include "gpu_replay.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -12,7 +12,7 @@
 
 #include "cuda_check.hpp"
 #include "gpu_verify.cuh"
-#include "replay_loop.hpp"
+#include "cuarena/replay/replay_loop.hpp"
 
 namespace cuarena::replay {
 

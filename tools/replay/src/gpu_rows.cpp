@@ -2,10 +2,10 @@
 // replayed by replay_gpu, and with --min-capacity held to each probed limit.
 #include <iostream>
 
-#include "allocator_registry.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/errors.hpp"
-#include "gpu_capacity.hpp"
-#include "gpu_replay.hpp"
+#include "cuarena/replay/gpu_capacity.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
 
 namespace cuarena::replay {
 

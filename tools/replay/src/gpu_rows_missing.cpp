@@ -1,5 +1,5 @@
 // The GPU rows in a build without CUDA (gpu_rows.cpp stands in where the toolkit was found).
-#include "allocator_registry.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/errors.hpp"
 
 namespace cuarena::replay {

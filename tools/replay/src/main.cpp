@@ -4,10 +4,10 @@
 #include <iostream>
 #include <set>
 
-#include "allocator_registry.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/errors.hpp"
-#include "replay_command.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/replay_command.hpp"
+#include "cuarena/replay/trace.hpp"
 
 using namespace cuarena;
 using namespace cuarena::replay;

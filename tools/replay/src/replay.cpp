@@ -1,4 +1,4 @@
-#include "replay.hpp"
+#include "cuarena/replay/replay.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +9,7 @@
 
 #include "cuarena/allocator.hpp"
 #include "cuarena/sim_backend.hpp"
-#include "replay_loop.hpp"
+#include "cuarena/replay/replay_loop.hpp"
 
 namespace cuarena::replay {
 

@@ -1,15 +1,15 @@
 // `cuarena replay`: settings checked, traces loaded, every row replayed through the allocator
 // registry, results printed and written.
-#include "replay_command.hpp"
+#include "cuarena/replay/replay_command.hpp"
 
 #include <algorithm>
 #include <iostream>
 #include <optional>
 
-#include "allocator_registry.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/config.hpp"
 #include "cuarena/errors.hpp"
-#include "torch_sim.hpp"
+#include "cuarena/replay/torch_sim.hpp"
 
 namespace cuarena::replay {
 

@@ -1,4 +1,4 @@
-#include "report.hpp"
+#include "cuarena/replay/report.hpp"
 
 #include <unistd.h>
 

@@ -34,7 +34,7 @@
 
 #include "cuarena/errors.hpp"
 #include "cuda_check.hpp"
-#include "gpu_replay.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
 
 namespace cuarena::replay {
 

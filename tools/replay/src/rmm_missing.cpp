@@ -1,7 +1,7 @@
 // Stands in for rmm_allocators.cpp in a build without RMM: the rmm-* rows are then skipped.
 #include <stdexcept>
 
-#include "gpu_replay.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
 
 namespace cuarena::replay {
 

@@ -1,9 +1,9 @@
 // The rows replayed without a GPU: recorded, cuarena on the simulator, the torch-*-sim models.
 #include <algorithm>
 
-#include "allocator_registry.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/config.hpp"
-#include "torch_sim.hpp"
+#include "cuarena/replay/torch_sim.hpp"
 
 namespace cuarena::replay {
 

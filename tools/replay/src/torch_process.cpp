@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "allocator_registry.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 #include "process.hpp"
 
 namespace cuarena::replay {

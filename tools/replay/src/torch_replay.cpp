@@ -15,9 +15,9 @@
 #include <optional>
 #include <string>
 
-#include "gpu_capacity.hpp"
-#include "gpu_replay.hpp"
-#include "report.hpp"
+#include "cuarena/replay/gpu_capacity.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
+#include "cuarena/replay/report.hpp"
 
 using namespace cuarena::replay;
 namespace cca = c10::cuda::CUDACachingAllocator;

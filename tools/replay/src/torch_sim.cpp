@@ -1,7 +1,7 @@
 // CPU models of PyTorch's CUDA caching allocator. Every rule names the function of
 // c10/cuda/CUDACachingAllocator.cpp (DeviceCachingAllocator unless said otherwise) or
 // c10/core/AllocatorConfig.cpp it follows; constants are PyTorch's.
-#include "torch_sim.hpp"
+#include "cuarena/replay/torch_sim.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 #include "cuarena/errors.hpp"
-#include "replay_loop.hpp"
+#include "cuarena/replay/replay_loop.hpp"
 
 namespace cuarena::replay {
 

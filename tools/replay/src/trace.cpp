@@ -1,4 +1,4 @@
-#include "trace.hpp"
+#include "cuarena/replay/trace.hpp"
 
 #include "process.hpp"
 #include "sha256.hpp"

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "replay.hpp"
-#include "replay_command.hpp"
-#include "report.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/replay.hpp"
+#include "cuarena/replay/replay_command.hpp"
+#include "cuarena/replay/report.hpp"
+#include "cuarena/replay/trace.hpp"
 
 namespace cuarena::replay {
 

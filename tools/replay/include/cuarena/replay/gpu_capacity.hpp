@@ -8,8 +8,8 @@
 #include <optional>
 #include <vector>
 
-#include "gpu_replay.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
+#include "cuarena/replay/trace.hpp"
 
 namespace cuarena::replay {
 

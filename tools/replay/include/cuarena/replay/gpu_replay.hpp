@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "replay.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/replay.hpp"
+#include "cuarena/replay/trace.hpp"
 
 namespace cuarena::replay {
 

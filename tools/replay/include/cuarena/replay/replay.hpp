@@ -11,7 +11,7 @@
 
 #include "cuarena/config.hpp"
 #include "cuarena/stats.hpp"
-#include "trace.hpp"
+#include "cuarena/replay/trace.hpp"
 
 namespace cuarena::replay {
 

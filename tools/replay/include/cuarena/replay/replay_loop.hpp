@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "trace.hpp"
+#include "cuarena/replay/trace.hpp"
 
 namespace cuarena::replay {
 

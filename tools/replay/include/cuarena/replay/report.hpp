@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "replay.hpp"
+#include "cuarena/replay/replay.hpp"
 
 namespace cuarena::replay {
 

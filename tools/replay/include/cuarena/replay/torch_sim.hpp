@@ -17,7 +17,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "replay.hpp"
+#include "cuarena/replay/replay.hpp"
 
 namespace cuarena::replay {
 
