@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "cuarena/replay/cub_caching.hpp"
+#include "cuarena/replay/cuda_check.hpp"
 #include "cuarena/config.hpp"
 #include "cuarena/replay/gpu_replay.hpp"
 #include "trace_ops.hpp"
@@ -85,9 +86,9 @@ constexpr int kDevice = 0;
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = 1024.0 * kMiB;
 
+// CUDA errors: the replayer's one helper, with the benchmark's name in front.
 void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+  replay::check_cuda(err, what, "cuarena_gpu_bench");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -488,8 +489,9 @@ void BM_Threads(benchmark::State& state, const AllocatorKind* kind) {
     }
   } else {
     // The current device is per host thread.
-    if (const cudaError_t err = cudaSetDevice(kDevice); err != cudaSuccess)
-      state.SkipWithError((std::string("cudaSetDevice: ") + cudaGetErrorString(err)).c_str());
+    if (const std::string why = replay::cuda_error(cudaSetDevice(kDevice), "cudaSetDevice");
+        !why.empty())
+      state.SkipWithError(why.c_str());
   }
 
   ThreadsShared* shared = nullptr;  // read in the first iteration: setup is complete by then

@@ -10,7 +10,7 @@
 #include "cuarena/replay/cub_caching.hpp"
 #include "cuarena/allocator.hpp"
 #include "cuarena/cuda_backend.hpp"
-#include "cuda_check.hpp"
+#include "cuarena/replay/cuda_check.hpp"
 #include "cuarena/replay/gpu_capacity.hpp"
 #include "cuarena/replay/gpu_replay.hpp"
 

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "cuda_check.hpp"
+#include "cuarena/replay/cuda_check.hpp"
 #include "cuarena/replay/replay.hpp"
 
 namespace cuarena::replay {

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cuda_check.hpp"
+#include "cuarena/replay/cuda_check.hpp"
 #include "gpu_verify.cuh"
 #include "cuarena/replay/replay_loop.hpp"
 

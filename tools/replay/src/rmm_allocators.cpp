@@ -33,7 +33,7 @@
 #include <variant>
 
 #include "cuarena/errors.hpp"
-#include "cuda_check.hpp"
+#include "cuarena/replay/cuda_check.hpp"
 #include "cuarena/replay/gpu_replay.hpp"
 
 namespace cuarena::replay {

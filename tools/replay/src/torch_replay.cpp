@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "cuarena/replay/cuda_check.hpp"
 #include "cuarena/replay/gpu_capacity.hpp"
 #include "cuarena/replay/gpu_replay.hpp"
 #include "cuarena/replay/report.hpp"
@@ -28,8 +29,8 @@ class TorchGpu final : public GpuAllocator {
  public:
   TorchGpu(std::string name, int device) : name_(std::move(name)), device_(device) {
     int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-      throw std::runtime_error("no CUDA device");
+    check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    if (count == 0) throw std::runtime_error("no CUDA device");
     cca::init(count);
   }
   std::string name() const override { return name_; }
@@ -52,8 +53,7 @@ class TorchGpu final : public GpuAllocator {
             {"torch_reserved_peak", s.reserved_bytes[0].peak}};
   }
   void release_cache() override {
-    if (cudaDeviceSynchronize() != cudaSuccess)
-      throw std::runtime_error("cudaDeviceSynchronize failed");
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     cca::emptyCache();
   }
 
@@ -70,8 +70,7 @@ std::optional<std::uint64_t> min_capacity(const std::vector<cuarena::replay::Eve
                                           TorchGpu& allocator, const Result& r, int device) {
   if (r.ooms > 0) return std::nullopt;
   std::size_t free_bytes = 0, total = 0;
-  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess)
-    throw std::runtime_error("cudaMemGetInfo failed");
+  check_cuda(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
   const auto dev = c10::DeviceIndex(device);
   allocator.release_cache();  // what the unlimited replay cached must not count against a probe
   auto fits = [&](std::uint64_t limit) {
