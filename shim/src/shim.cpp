@@ -58,6 +58,9 @@ Shim::Shim() {
   if (!config_.trace_path.empty()) trace_ = std::make_unique<TraceRecorder>(config_.trace_path);
   // PyTorch's caching would hide every tensor from cuarena: one cudaMalloc per tensor instead.
   if (!config_.keep_torch_cache) setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", 1);
+  // Nor may cuarena's PyTorch drop-in (pip package) start inside the job: it would read
+  // CUARENA_CONF (the shim's keys are not its own) and CUARENA_TRACE too.
+  setenv("CUARENA", "0", 1);
   // The backends must reach the driver's own entry points, never these hooks.
   cuda::set_driver_resolver(driver_resolver);
 }
@@ -207,7 +210,9 @@ std::string Shim::summary() {
 }
 
 void Shim::at_exit() {
-  if (trace_ && !(forked_child_ && trace_->empty())) {
+  // A process that made no memory call (a launcher, a shell, `ls` in the job's script) must not
+  // overwrite the trace of the one that did.
+  if (trace_ && !trace_->empty()) {
     const std::string err = trace_->write();
     if (!err.empty()) std::fprintf(stderr, "cuarena: CUARENA_TRACE: %s\n", err.c_str());
   }
@@ -233,7 +238,6 @@ void Shim::after_fork_in_child() {
   served_.store(0);
   for (auto& part : spent_) part.store(0);
   passed_.store(0);
-  forked_child_ = true;
   for (Slot& s : slots_) {
     s.context.store(nullptr);
     s.state.store(nullptr);

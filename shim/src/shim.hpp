@@ -83,7 +83,6 @@ class Shim {
   std::atomic<int> count_{0};
   std::mutex import_mu_;
   std::map<CUdeviceptr, std::shared_ptr<void>> imports_;
-  bool forked_child_ = false;  // a child of fork(): writes a trace only if it recorded events
   std::atomic<std::uint64_t> served_{0};
   std::atomic<std::uint64_t> passed_{0};
   std::array<std::atomic<std::uint64_t>, std::size_t(Part::kCount)> spent_{};

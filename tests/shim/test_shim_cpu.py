@@ -492,6 +492,32 @@ def test_torch_without_gpu(runner):
     assert base.returncode == 0 and "available False count 0" in base.stdout, base.describe()
 
 
+def test_pytorch_drop_in_stays_off_under_the_shim(runner):
+    """The shim sets CUARENA=0, so cuarena's pip-installed PyTorch drop-in does not also start and
+    read the shim's CUARENA_CONF keys (memory_limit is the shim's alone) or its CUARENA_TRACE."""
+    prog = [sys.executable, "-c", "import os; print(os.environ.get('CUARENA'))"]
+    env = {"CUARENA": "1", "CUARENA_CONF": "memory_limit:40GiB"}
+    plain = runner(prog, with_shim=False, env=env)
+    assert plain.returncode == 0 and plain.stdout.strip() == "1", plain.describe()
+    shimmed = runner(prog, with_shim=True, env=env)
+    assert shimmed.returncode == 0 and shimmed.stdout.strip() == "0", shimmed.describe()
+
+
+def test_trace_is_not_overwritten_by_a_process_without_memory_calls(runner, tmp_path):
+    """CUARENA_TRACE is written only by a process that recorded events: a launcher or a shell
+    command of the job must not replace the trace of the process that allocated."""
+    kept = tmp_path / "job.cuat"
+    kept.write_bytes(b"the job's trace")
+    # (Python, not sh: dash leaves with _exit, which skips the shim's exit handler.)
+    prog = [sys.executable, "-c", "pass"]
+    run = runner(prog, with_shim=True, env={"CUARENA_TRACE": str(kept)})
+    assert run.returncode == 0, run.describe()
+    assert kept.read_bytes() == b"the job's trace"
+    absent = tmp_path / "none.cuat"
+    run = runner(prog, with_shim=True, env={"CUARENA_TRACE": str(absent)})
+    assert run.returncode == 0 and not absent.exists(), run.describe()
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. Bad configuration (the contract: BAD_CONF_*)
 
