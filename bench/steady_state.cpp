@@ -23,6 +23,7 @@
 
 #include "cuarena/allocator.hpp"
 #include "cuarena/config.hpp"
+#include "cuarena/replay/replay.hpp"
 #include "cuarena/replay/replay_loop.hpp"
 #include "cuarena/replay/trace.hpp"
 #include "cuarena/sim_backend.hpp"
@@ -128,10 +129,9 @@ int main(int argc, char** argv) {
   int status = 0;
   for (const std::string& path : traces) {
     try {
-      std::vector<replay::Event> events = replay::load_trace(path);
-      if (events.empty()) throw replay::TraceError(path + ": no events");
-      const std::uint16_t device = events.front().device;
-      std::erase_if(events, [&](const replay::Event& e) { return e.device != device; });
+      const auto devices = replay::split_by_device(replay::load_trace(path));
+      if (devices.empty()) throw replay::TraceError(path + ": no events");
+      const auto& [device, events] = devices.front();
       const LoopOps ops = compile(events);
       const std::vector<PassFigures> figures = run(ops, config, passes);
       std::printf("%s (device %u, %zu ops in pass 1, %zu per later pass, %.1f MiB never freed)\n",
