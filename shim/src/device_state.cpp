@@ -142,14 +142,14 @@ void DeviceState::settle_frees() {
   // Over budget: wait for the oldest fences, closing the open batch if it is all there is.
   while (fences_.outstanding_bytes() > pending_limit_) {
     if (!fences_.has_closed() && !close_batch()) break;
-    if (!timed_wait(freed)) break;  // refused: allocate without waiting
+    if (!timed_wait(freed, ordered)) break;  // refused: allocate without waiting
   }
   release(freed);
 }
 
-bool DeviceState::timed_wait(std::vector<FenceQueue::Freed>& freed) {
+bool DeviceState::timed_wait(std::vector<FenceQueue::Freed>& freed, bool legacy_orders) {
   const auto start = std::chrono::steady_clock::now();
-  const bool ok = fences_.wait_oldest(freed, !streams_.has_live_non_blocking());
+  const bool ok = fences_.wait_oldest(freed, legacy_orders);
   counters_.waits += ok ? 1 : 0;
   counters_.wait_ns += std::uint64_t(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
@@ -166,7 +166,8 @@ void DeviceState::drain_frees() {
   std::lock_guard lock(mu_);
   std::vector<FenceQueue::Freed> freed;
   close_batch();
-  while (timed_wait(freed)) {
+  const bool ordered = !streams_.has_live_non_blocking();
+  while (timed_wait(freed, ordered)) {
   }
   release(freed);
 }

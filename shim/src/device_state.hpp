@@ -109,11 +109,12 @@ class DeviceState {
 
  private:
   void settle_frees();
-  bool close_batch();                                      // requires mu_
-  bool timed_wait(std::vector<FenceQueue::Freed>& freed);  // requires mu_: wait_oldest, counted
-  void release(std::vector<FenceQueue::Freed>& freed);     // requires mu_
-  void forget(DevicePtr ptr);                              // requires mu_
-  std::uint64_t id_of(DevicePtr base);                     // requires mu_: buffer_id()'s answer
+  bool close_batch();  // requires mu_
+  // requires mu_: wait_oldest(freed, legacy_orders), counted
+  bool timed_wait(std::vector<FenceQueue::Freed>& freed, bool legacy_orders);
+  void release(std::vector<FenceQueue::Freed>& freed);  // requires mu_
+  void forget(DevicePtr ptr);                           // requires mu_
+  std::uint64_t id_of(DevicePtr base);                  // requires mu_: buffer_id()'s answer
 
   CUcontext context_;
   int device_;

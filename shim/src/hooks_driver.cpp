@@ -80,6 +80,15 @@ std::string callers() {
   return out;
 }
 
+/// The state of the context `stream` belongs to (the current one for the default streams).
+DeviceState* state_of(CUstream stream) {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+    return Shim::get().current();
+  CUcontext ctx = nullptr;
+  if (real().stream_get_ctx(stream, &ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
+  return Shim::get().of_context(ctx);
+}
+
 /// A stream create: a parked stream of the same kind if there is one, else the driver's.
 template <class Create>
 CUresult create_stream(CUstream* phStream, unsigned flags, int priority, Create&& create) {
@@ -310,30 +319,17 @@ CUARENA_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned in
 }
 
 CUARENA_HOOK CUresult cuStreamDestroy_v2(CUstream hStream) {
-  CUcontext ctx = nullptr;
-  if (hStream != nullptr && real().stream_get_ctx(hStream, &ctx) == CUDA_SUCCESS &&
-      ctx != nullptr) {
-    if (DeviceState* s = Shim::get().of_context(ctx)) {
-      try {
-        if (!s->retire_stream(hStream)) return CUDA_SUCCESS;  // parked for cuarena
-      } catch (const std::exception& e) {
-        Shim::get().log("stream %p: %s", static_cast<void*>(hStream), e.what());
-      }
+  if (DeviceState* s = hStream != nullptr ? state_of(hStream) : nullptr) {
+    try {
+      if (!s->retire_stream(hStream)) return CUDA_SUCCESS;  // parked for cuarena
+    } catch (const std::exception& e) {
+      Shim::get().log("stream %p: %s", static_cast<void*>(hStream), e.what());
     }
   }
   return real().stream_destroy(hStream);
 }
 
 namespace {
-/// The state of the context `stream` belongs to (the current one for the default streams).
-DeviceState* state_of(CUstream stream) {
-  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
-    return Shim::get().current();
-  CUcontext ctx = nullptr;
-  if (real().stream_get_ctx(stream, &ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
-  return Shim::get().of_context(ctx);
-}
-
 /// A capture begun by `begin` (the driver's call) on `stream` as that ABI names it.
 template <class Begin>
 CUresult begin_capture(CUstream stream, bool ptsz, Begin&& begin) {

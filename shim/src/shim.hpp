@@ -49,6 +49,9 @@ class Shim {
   /// Host time the served calls spent, by part (nanoseconds, all threads), for the summary: what
   /// the shim costs the program beside the device's own work.
   enum class Part : int { kAlloc, kFree, kCore, kFence, kCount };
+  /// Whether anything will read those times (the summary line prints with CUARENA_SUMMARY or
+  /// CUARENA_LOG): otherwise the hot path reads no clock.
+  bool timing() const { return config_.summary || log_ != nullptr; }
   void spent(Part part, std::uint64_t ns) {
     spent_[std::size_t(part)].fetch_add(ns, std::memory_order_relaxed);
   }
@@ -91,8 +94,11 @@ class Shim {
 /// Adds the time from its construction to its destruction to one of Shim::spent's parts.
 class SpentTimer {
  public:
-  explicit SpentTimer(Shim::Part part) : part_(part), start_(std::chrono::steady_clock::now()) {}
+  explicit SpentTimer(Shim::Part part) : part_(part), on_(Shim::get().timing()) {
+    if (on_) start_ = std::chrono::steady_clock::now();
+  }
   ~SpentTimer() {
+    if (!on_) return;
     Shim::get().spent(part_, std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                std::chrono::steady_clock::now() - start_)
                                                .count()));
@@ -102,7 +108,8 @@ class SpentTimer {
 
  private:
   Shim::Part part_;
-  std::chrono::steady_clock::time_point start_;
+  bool on_;
+  std::chrono::steady_clock::time_point start_{};
 };
 
 }  // namespace cuarena::shim
