@@ -8,10 +8,12 @@
 // the trace both allocates and frees, in trace order, with fresh addresses (whatever cuarena
 // hands out), while those long-lived blocks stay. Per pass: cuarena's driver calls (map, unmap,
 // set-access, physical creates and releases), granules moved, and reserved bytes (peak within
-// the pass, and at its end). A converged policy makes zero driver calls per pass after a few
-// warm-up passes and its reserved peak stops rising. Frees are made at free_completed, with the
-// simulated clock ticking once per event, as BM_MixedSizes does; lost frees are handled as the
-// replayer's loop handles them (cuarena/replay/replay_loop.hpp).
+// the pass, and at its end), and how many allocations landed at the address the same block had
+// one pass before (a layout that repeats finds its mappings in place). A converged policy makes
+// zero driver calls per pass after a few warm-up passes and its reserved peak stops rising. Frees
+// are made at free_completed, with the simulated clock ticking once per event, as BM_MixedSizes
+// does; lost frees are handled as the replayer's loop handles them
+// (cuarena/replay/replay_loop.hpp).
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -78,22 +80,29 @@ LoopOps compile(const std::vector<replay::Event>& events) {
 struct PassFigures {
   std::int64_t maps, unmaps, access, creates, releases, moved;
   std::int64_t reserved_peak, reserved_end, allocated_end;
+  std::int64_t same_addr;  // allocations placed where the same block was one pass before
+  std::int64_t allocations;
 };
 
 std::vector<PassFigures> run(const LoopOps& ops, const std::string& config, int passes) {
   cuarena::SimBackend sim;
   cuarena::Allocator alloc(sim, cuarena::Config::parse(config));
   std::vector<void*> ptr(ops.blocks, nullptr);
+  std::vector<void*> last(ops.blocks, nullptr);  // each block's address one pass before
   std::vector<PassFigures> out;
   const int all = static_cast<int>(cuarena::Pool::kAll);
   for (int p = 0; p < passes; ++p) {
     const cuarena::Stats before = alloc.stats();
     alloc.reset_peak_stats();
+    std::int64_t same = 0, allocations = 0;
     for (const Op& op : p == 0 ? ops.first : ops.loop) {
       sim.advance(1);
-      if (op.alloc)
+      if (op.alloc) {
         ptr[op.block] = alloc.allocate(op.size, op.stream);
-      else
+        ++allocations;
+        if (ptr[op.block] == last[op.block]) ++same;
+        last[op.block] = ptr[op.block];
+      } else
         alloc.deallocate(ptr[op.block]);
     }
     alloc.check_invariants();
@@ -105,7 +114,7 @@ std::vector<PassFigures> run(const LoopOps& ops, const std::string& config, int 
                    (after.granules_stolen + after.granules_aliased) -
                        (before.granules_stolen + before.granules_aliased),
                    after.reserved_bytes[all].peak, after.reserved_bytes[all].current,
-                   after.allocated_bytes[all].current});
+                   after.allocated_bytes[all].current, p == 0 ? 0 : same, allocations});
   }
   return out;
 }
@@ -137,15 +146,15 @@ int main(int argc, char** argv) {
       std::printf("%s (device %u, %zu ops in pass 1, %zu per later pass, %.1f MiB never freed)\n",
                   replay::trace_name(path).c_str(), unsigned(device), ops.first.size(),
                   ops.loop.size(), double(ops.long_lived_bytes) / (1 << 20));
-      std::printf("%5s %8s %8s %8s %8s %8s %9s %14s %14s\n", "pass", "maps", "unmaps", "access",
-                  "creates", "releases", "moved", "reserved peak", "reserved end");
+      std::printf("%5s %8s %8s %8s %8s %8s %9s %14s %14s %9s\n", "pass", "maps", "unmaps", "access",
+                  "creates", "releases", "moved", "reserved peak", "reserved end", "same addr");
       nlohmann::json rows = nlohmann::json::array();
       for (std::size_t i = 0; i < figures.size(); ++i) {
         const PassFigures& f = figures[i];
-        std::printf("%5zu %8lld %8lld %8lld %8lld %8lld %9lld %14lld %14lld\n", i + 1,
+        std::printf("%5zu %8lld %8lld %8lld %8lld %8lld %9lld %14lld %14lld %9lld\n", i + 1,
                     (long long)f.maps, (long long)f.unmaps, (long long)f.access,
                     (long long)f.creates, (long long)f.releases, (long long)f.moved,
-                    (long long)f.reserved_peak, (long long)f.reserved_end);
+                    (long long)f.reserved_peak, (long long)f.reserved_end, (long long)f.same_addr);
         rows.push_back({{"pass", i + 1},
                         {"map_calls", f.maps},
                         {"unmap_calls", f.unmaps},
@@ -155,7 +164,9 @@ int main(int argc, char** argv) {
                         {"granules_moved", f.moved},
                         {"reserved_peak_bytes", f.reserved_peak},
                         {"reserved_end_bytes", f.reserved_end},
-                        {"allocated_end_bytes", f.allocated_end}});
+                        {"allocated_end_bytes", f.allocated_end},
+                        {"allocations", f.allocations},
+                        {"same_address_allocations", f.same_addr}});
       }
       doc.push_back({{"trace", replay::trace_name(path)},
                      {"config", config},
