@@ -56,6 +56,19 @@ class Arena {
   void clear(std::size_t g);             // the mapping (active or dormant) is gone
   void set_dormant(std::size_t g, bool dormant);
 
+  /// Who last freed a block over a granule: the stream and its free sequence number then. Seq
+  /// 0: known finished (the granule lay wholly inside a shared block since). The granule's
+  /// memory may move to another address once that stream's sweeps cover the seq.
+  struct FreeStamp {
+    StreamId stream = 0;
+    std::uint64_t seq = 0;
+  };
+  void stamp(std::size_t first, std::size_t last, FreeStamp s) {
+    if (last > stamps_.size()) stamps_.resize(last);
+    for (std::size_t g = first; g < last; ++g) stamps_[g] = s;
+  }
+  FreeStamp stamp(std::size_t g) const { return g < stamps_.size() ? stamps_[g] : FreeStamp{}; }
+
   /// Granules [first, last) overlapping byte range [addr, addr+bytes).
   void covering(DevicePtr addr, std::size_t bytes, std::size_t& first, std::size_t& last) const {
     first = granule_of(addr);
@@ -77,6 +90,7 @@ class Arena {
   bool segment_;
   std::vector<PhysRef> phys_;
   std::vector<bool> dormant_;
+  std::vector<FreeStamp> stamps_;
   std::size_t mapped_count_ = 0;
 };
 

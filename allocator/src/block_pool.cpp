@@ -119,6 +119,8 @@ void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
   ++free_blocks_;
   sp.free.insert(b);
   sp.fifo.insert_before(fifo_pos, b);
+  // It may hold finished granules (of a shared block it absorbed): steal() looks.
+  if (warm && !b->arena->segment()) warm_.push_back(b);
 }
 
 void BlockPool::remove_free(Block* b) {
@@ -137,6 +139,7 @@ void BlockPool::remove_free(Block* b) {
   --free_blocks_;
   sp.free.erase(b);
   sp.fifo.erase(b);
+  if (Lru::contains(b)) warm_.erase(b);
 }
 
 bool BlockPool::mergeable(const Block* a, const Block* b) {
@@ -154,15 +157,17 @@ void BlockPool::absorb(Block* lower, Block* upper) {
 }
 
 Block* BlockPool::coalesce(Block* b) {
-  // Segment mode: an owned block also absorbs shared free neighbours (the merged block stays
-  // owned, and becomes shared again at its stream's next sweep). Any stream may use shared
-  // memory, so this is safe, and without stealing it is what keeps free space in one piece.
-  // Not with mapping: a shared block may have unmapped granules, an owned one may not.
+  // An owned block also absorbs shared free neighbours (the merged block stays owned, and
+  // becomes shared again at its stream's next sweep). Any stream may use shared memory, so this
+  // is safe. With mapping, only neighbours this stream used last: its free space then stays in
+  // one piece whenever its sweeps complete (the free ranges best fit sees do not depend on the
+  // device's progress), while space it never used stays open to other streams.
   const bool owned = !b->shared && !b->retired;
   const StreamId stream = b->stream;
   auto absorbable = [&](const Block* n) {
     return n != nullptr &&
-           (mergeable(n, b) || (segments_ && owned && n->is_free() && n->shared));
+           (mergeable(n, b) || (owned && n->is_free() && n->shared &&
+                                (segments_ || (n->used && n->stream == stream))));
   };
   bool crossed = false;  // merged across states: keep b's state and its stream's free order
   const bool shared = b->shared;
@@ -209,23 +214,17 @@ Block* BlockPool::split_off(Block* b, DevicePtr at) {
 Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if (size > ctx_.limit) return nullptr;  // can never fit: do not even reserve address space
   StreamPool& sp = stream_pool(stream);
-  auto own = sp.free.lower_bound(size);
-  Block* b = own == sp.free.end() ? nullptr : *own;
-  if (b != nullptr && b->size > size) {
-    // A tighter shared block that needs no new memory beats a looser owned one, as one best fit
-    // over both would choose (PyTorch's single best fit): splitting a looser block than needed
-    // costs 8-12% more memory on the bundled training traces.
-    auto it = shared_free_.lower_bound(size);
-    if (it != shared_free_.end() && (*it)->size < b->size && missing_granules(*it, size, 1) == 0)
-      b = *it;
-  }
+  // Best fit by (size, address) over the stream's own free blocks and the shared ones, as one
+  // index would give it, whatever is mapped: placement then depends on the requests alone, so
+  // a loop that repeats lands where it landed before and finds its mappings in place.
+  Block* b = best_fit(sp, size);
   if (b == nullptr) {
-    // Miss on the stream's own blocks: let finished streams' blocks become shared first.
+    // Nothing fits: let finished streams' blocks become shared (and merge) first.
     poll_sweeps();
-    b = best_shared(size);
-    if (b == nullptr) b = new_arena(size, stream);
-    if (b == nullptr) return nullptr;  // a segment backend refused
+    b = best_fit(sp, size);
   }
+  if (b == nullptr) b = new_arena(size, stream);
+  if (b == nullptr) return nullptr;  // a segment backend refused
   // Detach b (marked allocated) before anything can coalesce it away, and split off the
   // remainder first, so its cached granules can be stolen for this very request.
   const bool was_shared = b->shared;
@@ -234,8 +233,8 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   remove_free(b);
   if (b->size > size) insert_free(split_off(b, b->addr + size), fifo_pos, was_shared || was_warm);
   b->allocated = true;
-  // Owned blocks are fully mapped; only a shared block can lack granules.
-  if (was_shared && !ensure_mapped(b, size, stream)) {
+  // Any free block can lack granules: an owned one may have absorbed a shared neighbour.
+  if (!segments_ && !ensure_mapped(b, size, stream)) {
     b->allocated = false;
     insert_free(coalesce(b));
     return nullptr;
@@ -247,30 +246,27 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   return b;
 }
 
+Block* BlockPool::best_fit(StreamPool& sp, std::size_t size) {
+  auto own = sp.free.lower_bound(size);
+  auto shared = shared_free_.lower_bound(size);
+  Block* b = own == sp.free.end() ? nullptr : *own;
+  if (shared != shared_free_.end() && (b == nullptr || BySize{}(*shared, b))) b = *shared;
+  return b;
+}
+
 void BlockPool::deallocate(Block* b) {
   const StreamId stream = b->stream;
   StreamPool& sp = stream_pool(stream);
   b->allocated = false;
   b->shared = false;
   b->free_seq = ++sp.seq;
+  stamp(b);
   insert_free(coalesce(b));  // newest free_seq: the FIFO's back keeps it sorted
   // Keep one sweep in flight per stream, checked every sweep_interval frees, so blocks freed a
   // while ago are already shared when another stream or a shortage needs them.
   if (sp.seq % ctx_.config.sweep_interval != 0) return;
   poll_stream(sp);
   start_sweep(stream, sp);
-}
-
-std::size_t BlockPool::missing_granules(const Block* b, std::size_t size,
-                                       std::size_t limit) const {
-  if (segments_) return 0;
-  const Arena& a = *b->arena;
-  std::size_t first = 0, last = 0;
-  a.covering(b->addr, size, first, last);
-  std::size_t missing = 0;
-  for (std::size_t g = first; g < last && missing < limit; ++g)
-    missing += !a.is_mapped(g) && !reclaimable(a, g);
-  return missing;
 }
 
 const Block* BlockPool::shared_holder(const Arena& a, std::size_t g) const {
@@ -298,27 +294,6 @@ const Block* BlockPool::active_holder(PhysRef p) const {
   return b != nullptr && b == shared_holder(a, e.first + e.count - 1) ? b : nullptr;
 }
 
-Block* BlockPool::best_shared(std::size_t size) {
-  // Best fit by size alone would often pick a small block whose granules were stolen over a
-  // slightly larger one still backed, and stealing for it moves memory every iteration of a
-  // training loop. So among the few smallest fits, take the one missing fewest granules
-  // (smallest first on ties); the rest of the index is never scanned.
-  constexpr int kCandidates = 8;
-  Block* best = nullptr;
-  std::size_t best_missing = SIZE_MAX;
-  int seen = 0;
-  for (auto it = shared_free_.lower_bound(size); it != shared_free_.end() && seen < kCandidates;
-       ++it, ++seen) {
-    const std::size_t missing = missing_granules(*it, size, best_missing);
-    if (missing < best_missing) {
-      best = *it;
-      best_missing = missing;
-      if (missing == 0) break;
-    }
-  }
-  return best;
-}
-
 bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
@@ -328,6 +303,9 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
     if (!a.is_mapped(g)) holes.push_back(g);
   }
   reactivate(b, a, holes);
+  // Finished sweeps let more dormant granules come back with no driver call. b is detached,
+  // so blocks shared here cannot coalesce it away.
+  if (!holes.empty()) poll_sweeps();
   reclaim_dormant(a, holes);
   reactivate(b, a, holes);
   std::size_t need = holes.size();
@@ -684,10 +662,14 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
   std::size_t got = 0;  // movable granules unmapped plus whole-chunk granules released
   bool remaining = false;
   const bool limited = take != Take::kAll;
-  auto movable = [&](std::size_t g) { return a.is_mapped(g) && !phys_.whole(a.phys(g).chunk); };
+  // An owned block (one that absorbed a shared neighbour) gives only finished granules.
+  auto ready = [&](std::size_t g) { return b->shared || finished(a, g); };
+  auto movable = [&](std::size_t g) {
+    return a.is_mapped(g) && !phys_.whole(a.phys(g).chunk) && ready(g);
+  };
   // Take from the top so the low end, which best fit reuses first, stays mapped.
   for (std::size_t g = last; g > first;) {
-    if (!a.is_mapped(g - 1)) {
+    if (!a.is_mapped(g - 1) || !ready(g - 1)) {
       --g;
       continue;
     }
@@ -695,7 +677,9 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
     if (phys_.whole(top.chunk)) {
       // A whole chunk goes all at once, and only if the block holds all of it.
       const auto [start, n] = mapping_extent(top, g - 1);
-      if (start >= first && start + n <= last) {
+      bool all_ready = true;
+      for (std::size_t k = start; k < start + n && all_ready; ++k) all_ready = ready(k);
+      if (start >= first && start + n <= last && all_ready) {
         if (take == Take::kMovable || (limited && got >= max_granules)) {
           remaining = true;
         } else {
@@ -745,6 +729,10 @@ std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t
     std::size_t first = 0, last = 0;
     a.interior(f->addr, f->size, first, last);
     for (std::size_t g = first; g < last && got < want;) {
+      if (!a.is_mapped(g)) {  // a hole of a shared block this one absorbed
+        ++g;
+        continue;
+      }
       const PhysRef p = a.phys(g);
       const auto [start, n] = mapping_extent(p, g);
       if (n == 1 || start != g || g + n > last) {  // a single granule, or a chunk not wholly inside
@@ -786,6 +774,7 @@ void BlockPool::retire(StreamPool& sp, Block* f, std::size_t g0, std::size_t g1)
   if (a.granule_addr(g1) < mid->end()) insert_free(split_off(mid, a.granule_addr(g1)), next);
   mid->retired = true;
   mid->free_seq = ++sp.seq;
+  stamp(mid);
   insert_free(mid);  // back of the retired list: waits for a sweep recorded from now on
 }
 
@@ -794,7 +783,8 @@ std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
   for (const Block* f = sp.fifo.front(); f != nullptr && n < max; f = Fifo::next(f)) {
     std::size_t first = 0, last = 0;
     f->arena->interior(f->addr, f->size, first, last);
-    for (std::size_t g = first; g < last && n < max; ++g) n += !phys_.whole(f->arena->phys(g).chunk);
+    for (std::size_t g = first; g < last && n < max; ++g)
+      n += f->arena->is_mapped(g) && !phys_.whole(f->arena->phys(g).chunk);
   }
   return std::min(n, max);
 }
@@ -806,11 +796,12 @@ std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysR
     Arena& a = *f->arena;
     std::size_t first = 0, last = 0;
     a.interior(f->addr, f->size, first, last);
-    // The topmost run of single granules (whole chunks go through alias_whole), at most what
-    // is wanted.
-    while (last > first && phys_.whole(a.phys(last - 1).chunk)) --last;
+    // The topmost run of actively mapped single granules (whole chunks go through
+    // alias_whole), at most what is wanted.
+    auto single = [&](std::size_t g) { return a.is_mapped(g) && !phys_.whole(a.phys(g).chunk); };
+    while (last > first && !single(last - 1)) --last;
     std::size_t g0 = last;
-    while (g0 > first && last - g0 < want - got && !phys_.whole(a.phys(g0 - 1).chunk)) --g0;
+    while (g0 > first && last - g0 < want - got && single(g0 - 1)) --g0;
     if (last > g0) {
       for (std::size_t g = g0; g < last; ++g) out.push_back(a.phys(g));
       got += last - g0;
@@ -842,6 +833,7 @@ void BlockPool::poll_stream(StreamPool& sp) {
     sp.sweeps.pop_front();
     ctx_.backend.release_event(event);
     --sweeps_pending_;
+    sp.done = covered;
     while (!sp.fifo.empty() && sp.fifo.front()->free_seq <= covered) make_shared(sp.fifo.front());
     while (!sp.retired.empty() && sp.retired.front()->free_seq <= covered)
       make_shared(sp.retired.front());
@@ -876,8 +868,27 @@ void BlockPool::make_shared(Block* b) {
     }
     b->retired = false;
   }
+  if (!segments_) {
+    std::size_t first = 0, last = 0;
+    b->arena->interior(b->addr, b->size, first, last);
+    b->arena->stamp(first, last, {});
+  }
   b->shared = true;
   insert_free(coalesce(b));
+}
+
+void BlockPool::stamp(const Block* b) {
+  if (segments_) return;
+  std::size_t first = 0, last = 0;
+  b->arena->covering(b->addr, b->size, first, last);
+  b->arena->stamp(first, last, {b->stream, b->free_seq});
+}
+
+bool BlockPool::finished(const Arena& a, std::size_t g) const {
+  const Arena::FreeStamp st = a.stamp(g);
+  if (st.seq == 0) return true;
+  auto it = streams_.find(st.stream);
+  return it != streams_.end() && st.seq <= it->second.done;
 }
 
 void BlockPool::synchronize() {
@@ -1061,9 +1072,8 @@ void BlockPool::check_invariants() const {
       } else {
         auto it = streams_.find(b->stream);
         if (it == streams_.end() || !it->second.free.count(const_cast<Block*>(b)) ||
-            !b->fifo.linked || b->lru.linked)
+            !b->fifo.linked)
           broken(at + ": owned block not in its stream's index");
-        if (!fully_mapped) broken(at + ": owned free block not fully mapped");
       }
     }
     if (expect != a.base() + a.size()) broken("blocks do not cover the whole arena");

@@ -141,6 +141,7 @@ class BlockPool {
     IntrusiveList<Block, &Block::fifo> fifo;     // owned free blocks, sorted by free_seq
     IntrusiveList<Block, &Block::fifo> retired;  // retired blocks, sorted by free_seq
     std::uint64_t seq = 0;
+    std::uint64_t done = 0;  ///< frees up to this seq are finished on the device
     /// Sweep events in flight, oldest first: (event, last free_seq it covers).
     std::deque<std::pair<EventId, std::uint64_t>> sweeps;
   };
@@ -174,6 +175,8 @@ class BlockPool {
   static void absorb(Block* lower, Block* upper);
   Block* split_off(Block* b, DevicePtr at);  // b keeps [addr, at); returns [at, end)
   void make_shared(Block* b);
+  /// Stamps the granules b covers with its stream and free_seq (Arena::FreeStamp).
+  void stamp(const Block* b);
 
   /// Records a sweep on `stream` if frees since the newest one are uncovered; with
   /// kMaxSweepsPerStream in flight, the new one replaces the newest.
@@ -181,17 +184,17 @@ class BlockPool {
   /// Retires the stream's completed sweeps (oldest first), sharing the blocks they cover.
   void poll_stream(StreamPool& sp);
 
+  /// Granule g of `a` lies in free memory whose last user is finished with it: its physical
+  /// granule may be mapped elsewhere (Arena::FreeStamp).
+  bool finished(const Arena& a, std::size_t g) const;
   /// The shared free block wholly holding virtual granule g of `a`, or nullptr.
   const Block* shared_holder(const Arena& a, std::size_t g) const;
   /// Dormant granule g of `a` can be taken back with no driver call: its physical granule is
   /// idle, or active only inside a shared free block.
   bool reclaimable(const Arena& a, std::size_t g) const;
-  /// Granules of [b->addr, b->addr+size) neither mapped nor reclaimable, counted up to `limit`
-  /// (the scan stops there: callers only compare against it).
-  std::size_t missing_granules(const Block* b, std::size_t size,
-                               std::size_t limit = SIZE_MAX) const;
-  /// The shared free block to serve `size` from (see the .cpp), or nullptr.
-  Block* best_shared(std::size_t size);
+  /// The smallest free block of at least `size` bytes that `sp`'s stream may use (its own or a
+  /// shared one), lowest address on ties, or nullptr. O(log n).
+  Block* best_fit(StreamPool& sp, std::size_t size);
   /// Backs [b->addr, b->addr+size) of detached block b for `stream`; false if refused.
   bool ensure_mapped(Block* b, std::size_t size, StreamId stream);
   /// Unmaps cached granules of shared blocks until `target` granules are idle.
