@@ -107,7 +107,7 @@ void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
   if (b->shared) {
     ++free_blocks_;
     shared_free_.insert(b);
-    if (!segments_) shared_by_addr_.emplace(b->addr, b);
+    if (!segments_) free_by_addr_.emplace(b->addr, b);
     if (warm && !b->arena->segment()) warm_.push_back(b);  // a segment is never unmapped
     return;
   }
@@ -119,6 +119,7 @@ void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
   ++free_blocks_;
   sp.free.insert(b);
   sp.fifo.insert_before(fifo_pos, b);
+  if (!segments_) free_by_addr_.emplace(b->addr, b);
   // It may hold finished granules (of a shared block it absorbed): steal() looks.
   if (warm && !b->arena->segment()) warm_.push_back(b);
 }
@@ -127,7 +128,7 @@ void BlockPool::remove_free(Block* b) {
   if (b->shared) {
     --free_blocks_;
     shared_free_.erase(b);
-    if (!segments_) shared_by_addr_.erase(b->addr);
+    if (!segments_) free_by_addr_.erase(b->addr);
     if (Lru::contains(b)) warm_.erase(b);
     return;
   }
@@ -139,6 +140,7 @@ void BlockPool::remove_free(Block* b) {
   --free_blocks_;
   sp.free.erase(b);
   sp.fifo.erase(b);
+  if (!segments_) free_by_addr_.erase(b->addr);
   if (Lru::contains(b)) warm_.erase(b);
 }
 
@@ -269,29 +271,25 @@ void BlockPool::deallocate(Block* b) {
   start_sweep(stream, sp);
 }
 
-const Block* BlockPool::shared_holder(const Arena& a, std::size_t g) const {
+const Block* BlockPool::free_holder(const Arena& a, std::size_t g) const {
   const DevicePtr at = a.granule_addr(g);
-  auto it = shared_by_addr_.upper_bound(at);
-  if (it == shared_by_addr_.begin()) return nullptr;
+  auto it = free_by_addr_.upper_bound(at);
+  if (it == free_by_addr_.begin()) return nullptr;
   const Block* b = std::prev(it)->second;
-  return b->arena == &a && b->end() >= at + ctx_.granule ? b : nullptr;
-}
-
-bool BlockPool::reclaimable(const Arena& a, std::size_t g) const {
-  if (!a.is_dormant(g)) return false;
-  const PhysRef p = a.phys(g);
-  if (phys_.whole(p.chunk) ? phys_.is_idle_whole(p.chunk) : phys_.is_idle(p)) return true;
-  return active_holder(p) != nullptr;
+  if (b->arena != &a || b->end() < at + ctx_.granule) return nullptr;
+  return b->shared || finished(a, g) ? b : nullptr;
 }
 
 const Block* BlockPool::active_holder(PhysRef p) const {
   const auto& active = phys_.active(p);
   if (active.size() != 1) return nullptr;
   const Arena& a = *active.front().arena;
-  // A whole chunk moves only if one shared free block holds all of its active mapping.
+  // A whole chunk moves only if one free block holds all of its active mapping.
   const Extent e = mapping_extent(p, active.front().granule);
-  const Block* b = shared_holder(a, e.first);
-  return b != nullptr && b == shared_holder(a, e.first + e.count - 1) ? b : nullptr;
+  const Block* b = free_holder(a, e.first);
+  for (std::size_t k = e.first + 1; k < e.first + e.count && b != nullptr; ++k)
+    if (free_holder(a, k) != b) b = nullptr;
+  return b;
 }
 
 bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {

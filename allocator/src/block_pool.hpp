@@ -187,11 +187,9 @@ class BlockPool {
   /// Granule g of `a` lies in free memory whose last user is finished with it: its physical
   /// granule may be mapped elsewhere (Arena::FreeStamp).
   bool finished(const Arena& a, std::size_t g) const;
-  /// The shared free block wholly holding virtual granule g of `a`, or nullptr.
-  const Block* shared_holder(const Arena& a, std::size_t g) const;
-  /// Dormant granule g of `a` can be taken back with no driver call: its physical granule is
-  /// idle, or active only inside a shared free block.
-  bool reclaimable(const Arena& a, std::size_t g) const;
+  /// The free block wholly holding virtual granule g of `a` whose last user is finished with g
+  /// (a shared block, or an owned one where finished()), or nullptr. O(log n).
+  const Block* free_holder(const Arena& a, std::size_t g) const;
   /// The smallest free block of at least `size` bytes that `sp`'s stream may use (its own or a
   /// shared one), lowest address on ties, or nullptr. O(log n).
   Block* best_fit(StreamPool& sp, std::size_t size);
@@ -247,8 +245,8 @@ class BlockPool {
     std::size_t first, count;
   };
   Extent mapping_extent(PhysRef p, std::size_t g) const;
-  /// The shared free block holding all of p's only active mapping (all of its whole chunk's),
-  /// or nullptr.
+  /// The free block holding all of p's only active mapping (all of its whole chunk's), finished
+  /// there (free_holder), or nullptr.
   const Block* active_holder(PhysRef p) const;
   /// For hole granules whose dormant physical granule is active only inside a shared free
   /// block, makes that mapping dormant instead (no driver call), so reactivate() can take it.
@@ -262,7 +260,7 @@ class BlockPool {
   std::vector<Block*> arena_first_;  // block at each arena's base; never merged away
   std::unordered_map<StreamId, StreamPool> streams_;
   SizeIndex shared_free_;
-  std::map<DevicePtr, Block*> shared_by_addr_;  // the same blocks by address
+  std::map<DevicePtr, Block*> free_by_addr_;  // shared and owned free blocks by address
   IntrusiveList<Block, &Block::lru> warm_;  // LRU: front = freed longest ago
   std::size_t free_blocks_ = 0;
   StreamId last_stream_ = 0;          // stream_pool()'s one-entry cache
