@@ -74,9 +74,9 @@ Block* BlockPool::new_segment(std::size_t min_size, StreamId stream) {
   // for requests up to 1 MiB (slabs), ten for requests under 10 MiB, so mid-size requests share
   // segments; larger requests get a segment of their own size. Near the limit, only the size.
   const std::size_t g = ctx_.granule;
-  std::size_t bytes = min_size <= (std::size_t{1} << 20) ? g
+  std::size_t bytes = min_size <= (std::size_t{1} << 20)   ? g
                       : min_size < (std::size_t{10} << 20) ? 10 * g
-                                                            : 0;
+                                                           : 0;
   bytes = std::max(bytes, round_up(min_size, g));
   if (ctx_.reserved() + bytes > ctx_.limit) bytes = round_up(min_size, g);
   if (ctx_.reserved() + bytes > ctx_.limit) return nullptr;
@@ -167,9 +167,8 @@ Block* BlockPool::coalesce(Block* b) {
   const bool owned = !b->shared && !b->retired;
   const StreamId stream = b->stream;
   auto absorbable = [&](const Block* n) {
-    return n != nullptr &&
-           (mergeable(n, b) || (owned && n->is_free() && n->shared &&
-                                (segments_ || (n->used && n->stream == stream))));
+    return n != nullptr && (mergeable(n, b) || (owned && n->is_free() && n->shared &&
+                                                (segments_ || (n->used && n->stream == stream))));
   };
   bool crossed = false;  // merged across states: keep b's state and its stream's free order
   const bool shared = b->shared;
@@ -219,12 +218,9 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   // Best fit by (size, address) over the stream's own free blocks and the shared ones, as one
   // index would give it, whatever is mapped: placement then depends on the requests alone, so
   // a loop that repeats lands where it landed before and finds its mappings in place.
+  // A miss on the stream's own blocks first lets finished streams' blocks become shared.
+  if (sp.free.lower_bound(size) == sp.free.end()) poll_sweeps();
   Block* b = best_fit(sp, size);
-  if (b == nullptr) {
-    // Nothing fits: let finished streams' blocks become shared (and merge) first.
-    poll_sweeps();
-    b = best_fit(sp, size);
-  }
   if (b == nullptr) b = new_arena(size, stream);
   if (b == nullptr) return nullptr;  // a segment backend refused
   // Detach b (marked allocated) before anything can coalesce it away, and split off the
@@ -249,11 +245,51 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
 }
 
 Block* BlockPool::best_fit(StreamPool& sp, std::size_t size) {
+  // The few smallest fits, in (size, address) order over the stream's own blocks and the shared
+  // ones merged, as one index would give them: the first that needs no driver call wins, else
+  // the one missing fewest granules. A loop that found its mappings in place finds them there
+  // again, and whether a block is still owned or already shared changes nothing (measured:
+  // docs/results.md, 2026-12-02).
+  const int candidates = kBackedFitCandidates;
   auto own = sp.free.lower_bound(size);
   auto shared = shared_free_.lower_bound(size);
-  Block* b = own == sp.free.end() ? nullptr : *own;
-  if (shared != shared_free_.end() && (b == nullptr || BySize{}(*shared, b))) b = *shared;
-  return b;
+  Block* best = nullptr;
+  std::size_t best_missing = SIZE_MAX;
+  for (int seen = 0; seen < candidates; ++seen) {
+    const bool own_left = own != sp.free.end(), shared_left = shared != shared_free_.end();
+    if (!own_left && !shared_left) break;
+    Block* c = nullptr;
+    if (own_left && (!shared_left || BySize{}(*own, *shared)))
+      c = *own++;
+    else
+      c = *shared++;
+    const std::size_t missing = missing_granules(c, size, best_missing);
+    if (missing < best_missing) {
+      best = c;
+      best_missing = missing;
+      if (missing == 0) break;
+    }
+  }
+  return best;
+}
+
+std::size_t BlockPool::missing_granules(const Block* b, std::size_t size, std::size_t limit) const {
+  if (segments_) return 0;
+  const Arena& a = *b->arena;
+  std::size_t first = 0, last = 0;
+  a.covering(b->addr, size, first, last);
+  std::size_t missing = 0;
+  for (std::size_t g = first; g < last && missing < limit; ++g) {
+    if (a.is_mapped(g)) continue;
+    bool back = false;  // a dormant granule that comes back with no driver call
+    if (a.is_dormant(g)) {
+      const PhysRef p = a.phys(g);
+      back = (phys_.whole(p.chunk) ? phys_.is_idle_whole(p.chunk) : phys_.is_idle(p)) ||
+             active_holder(p) != nullptr;
+    }
+    missing += !back;
+  }
+  return missing;
 }
 
 void BlockPool::deallocate(Block* b) {
@@ -324,8 +360,7 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   // Growing is allowed below the soft limit and below cache_slack over the peak of allocated
   // bytes; past both, cached granules are reused first.
   const auto slack_limit = static_cast<std::size_t>(
-      (1.0 + ctx_.config.cache_slack) *
-      double(ctx_.stats.allocated_bytes[int(Pool::kAll)].peak));
+      (1.0 + ctx_.config.cache_slack) * double(ctx_.stats.allocated_bytes[int(Pool::kAll)].peak));
   const std::size_t soft = std::max(ctx_.soft_limit, ctx_.config.cache_slack > 0 ? slack_limit : 0);
   if (ctx_.reserved() + creates(idle_now()) > soft) {
     // Reuse before growing. b is detached, so sweeps finishing here cannot coalesce it away.
@@ -392,9 +427,12 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   std::size_t next_alias = 0, next_taken = 0;
   for (std::size_t i = 0; i < need; ++i) {
     if (supply[i].valid()) continue;
-    if (next_alias < aliases.size() && inside(holes[i])) supply[i] = aliases[next_alias++];
-    else if (next_taken < taken.size()) supply[i] = taken[next_taken++];
-    else unfilled.push_back(i);
+    if (next_alias < aliases.size() && inside(holes[i]))
+      supply[i] = aliases[next_alias++];
+    else if (next_taken < taken.size())
+      supply[i] = taken[next_taken++];
+    else
+      unfilled.push_back(i);
   }
   if (!create_fresh(holes, unfilled, supply)) {
     give_back(taken);
@@ -403,11 +441,13 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   unmap_dormant(a, holes);
   map_granules(a, holes, supply);
   ctx_.stats.granules_aliased += std::int64_t(aliases.size() + aliased_whole);
-  if (reclaimed_idle + aliases.size() + packed > 0 || have > aliases.size()) ++ctx_.stats.stitched_ranges;
+  if (reclaimed_idle + aliases.size() + packed > 0 || have > aliases.size())
+    ++ctx_.stats.stitched_ranges;
   return true;
 }
 
-std::size_t BlockPool::pack_whole(const std::vector<std::size_t>& holes, std::vector<PhysRef>& supply,
+std::size_t BlockPool::pack_whole(const std::vector<std::size_t>& holes,
+                                  std::vector<PhysRef>& supply,
                                   std::vector<std::uint32_t>& wholes) {
   // Each run of consecutive holes takes the largest idle whole chunks that fit it, in order.
   std::size_t packed = 0;
@@ -439,7 +479,8 @@ void BlockPool::release_idle_whole(std::uint32_t chunk) {
 }
 
 bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
-                             const std::vector<std::size_t>& unfilled, std::vector<PhysRef>& supply) {
+                             const std::vector<std::size_t>& unfilled,
+                             std::vector<PhysRef>& supply) {
   // Runs of consecutive hole granules long enough become whole chunks; the rest one chunk of
   // movable granules.
   // Near the limit, single granules: they can move wherever the next request needs them.
@@ -454,8 +495,10 @@ bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
   for (std::size_t i = 0; i < unfilled.size();) {
     std::size_t j = i + 1;
     while (j < unfilled.size() && holes[unfilled[j]] == holes[unfilled[j - 1]] + 1) ++j;
-    if (j - i >= min_run) runs.emplace_back(i, j);
-    else for (std::size_t k = i; k < j; ++k) singles.push_back(unfilled[k]);
+    if (j - i >= min_run)
+      runs.emplace_back(i, j);
+    else
+      for (std::size_t k = i; k < j; ++k) singles.push_back(unfilled[k]);
     i = j;
   }
   std::vector<std::uint32_t> made;
@@ -486,7 +529,8 @@ bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
   if (!singles.empty()) {
     const PhysRef c = phys_.create(singles.size());
     if (!c.valid()) return fail();
-    for (std::size_t k = 0; k < singles.size(); ++k) supply[singles[k]] = {c.chunk, std::uint32_t(k)};
+    for (std::size_t k = 0; k < singles.size(); ++k)
+      supply[singles[k]] = {c.chunk, std::uint32_t(k)};
   }
   return true;
 }
@@ -499,7 +543,7 @@ void BlockPool::map_granules(Arena& a, const std::vector<std::size_t>& granules,
   // between them. A grant's cost barely grows with its size (~40 us for 2 MiB, ~85 us for
   // 2 GiB on an H200), so runs far apart get their own.
   constexpr std::size_t kMaxAccessGap = 64;  // granules
-  std::size_t span_begin = 0, span_end = 0;   // granules of the pending grant; empty if equal
+  std::size_t span_begin = 0, span_end = 0;  // granules of the pending grant; empty if equal
   auto grant = [&] {
     if (span_end == span_begin) return;
     ctx_.backend.set_access(a.granule_addr(span_begin), (span_end - span_begin) * ctx_.granule);
@@ -532,8 +576,10 @@ void BlockPool::map_granules(Arena& a, const std::vector<std::size_t>& granules,
 void BlockPool::unmap_run(Arena& a, std::size_t first, std::size_t count) {
   ctx_.backend.unmap(a.granule_addr(first), count * ctx_.granule);
   for (std::size_t g = first; g < first + count; ++g) {
-    if (a.is_dormant(g)) phys_.remove_dormant(a.phys(g), {&a, g});
-    else phys_.unmapped(a.phys(g), {&a, g});
+    if (a.is_dormant(g))
+      phys_.remove_dormant(a.phys(g), {&a, g});
+    else
+      phys_.unmapped(a.phys(g), {&a, g});
     a.clear(g);
   }
   ++ctx_.stats.unmap_calls;
@@ -574,8 +620,10 @@ void BlockPool::reactivate(Block* b, Arena& a, std::vector<std::size_t>& holes) 
     const PhysRef p = a.phys(g);
     const bool whole = phys_.whole(p.chunk);
     if (whole ? !phys_.is_idle_whole(p.chunk) : !phys_.is_idle(p)) continue;
-    if (whole) phys_.take_whole(p.chunk);
-    else phys_.take(p);
+    if (whole)
+      phys_.take_whole(p.chunk);
+    else
+      phys_.take(p);
     const auto [start, count] = mapping_extent(p, g);  // a whole chunk comes back whole
     for (std::size_t k = start; k < start + count; ++k) {
       const PhysRef q = a.phys(k);
@@ -587,8 +635,9 @@ void BlockPool::reactivate(Block* b, Arena& a, std::vector<std::size_t>& holes) 
     spilled |= start < holes.front() || start + count > holes.back() + 1;
   }
   if (n == 0) return;
-  holes.erase(std::remove_if(holes.begin(), holes.end(), [&](std::size_t g) { return a.is_mapped(g); }),
-              holes.end());
+  holes.erase(
+      std::remove_if(holes.begin(), holes.end(), [&](std::size_t g) { return a.is_mapped(g); }),
+      holes.end());
   ctx_.stats.granules_reactivated += std::int64_t(n);
   // Active granules in a shared free block must be findable by steal().
   if (spilled) {
@@ -681,8 +730,10 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
         if (take == Take::kMovable || (limited && got >= max_granules)) {
           remaining = true;
         } else {
-          if (take == Take::kAll) unmap_run(a, start, n);
-          else make_dormant(a, start);  // idle as one piece, for a run it fits
+          if (take == Take::kAll)
+            unmap_run(a, start, n);
+          else
+            make_dormant(a, start);  // idle as one piece, for a run it fits
           got += n;
         }
       }
@@ -695,8 +746,10 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
     }
     const std::size_t end = g;
     while (g > first && movable(g - 1) && (!limited || end - g < max_granules - got)) --g;
-    if (take == Take::kAll || ctx_.config.dormant_maps == 0) unmap_run(a, g, end - g);
-    else for (std::size_t k = g; k < end; ++k) make_dormant(a, k);
+    if (take == Take::kAll || ctx_.config.dormant_maps == 0)
+      unmap_run(a, g, end - g);
+    else
+      for (std::size_t k = g; k < end; ++k) make_dormant(a, k);
     got += end - g;
   }
   if (!remaining && Lru::contains(b)) warm_.erase(b);
@@ -739,11 +792,13 @@ std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t
       }
       auto best = runs.end();
       for (auto r = runs.begin(); r != runs.end(); ++r) {
-        if (r->second - r->first >= n && (best == runs.end() || r->second - r->first < best->second - best->first))
+        if (r->second - r->first >= n &&
+            (best == runs.end() || r->second - r->first < best->second - best->first))
           best = r;
       }
       if (best != runs.end()) {
-        for (std::size_t k = 0; k < n; ++k) supply[open[best->first + k]] = {p.chunk, std::uint32_t(k)};
+        for (std::size_t k = 0; k < n; ++k)
+          supply[open[best->first + k]] = {p.chunk, std::uint32_t(k)};
         best->first += n;
         got += n;
         picks.push_back({f, g});
@@ -1011,10 +1066,14 @@ BlockPool::Breakdown BlockPool::breakdown() const {
         if (a.is_mapped(g)) rank[g] = std::max(rank[g], r);
     }
     for (int r : rank) {
-      if (r == 3) out.allocated += ctx_.granule;
-      else if (r == 2) out.retired += ctx_.granule;
-      else if (r == 1) out.owned += ctx_.granule;
-      else if (r == 0) out.shared += ctx_.granule;
+      if (r == 3)
+        out.allocated += ctx_.granule;
+      else if (r == 2)
+        out.retired += ctx_.granule;
+      else if (r == 1)
+        out.owned += ctx_.granule;
+      else if (r == 0)
+        out.shared += ctx_.granule;
     }
   }
   out.idle = (phys_.idle_granules() + phys_.idle_whole_granules()) * ctx_.granule;
@@ -1027,8 +1086,10 @@ void BlockPool::check_invariants() const {
   for (std::size_t i = 0; i < arenas_.size(); ++i) {
     const Arena& a = *arenas_[i];
     if (a.segment() != segments_) broken("arena kind differs from the backend's");
-    if (a.segment()) segment_bytes += a.size();
-    else arenas.push_back(&a);
+    if (a.segment())
+      segment_bytes += a.size();
+    else
+      arenas.push_back(&a);
     DevicePtr expect = a.base();
     const Block* prev = nullptr;
     for (const Block* b = arena_first_[i]; b != nullptr; prev = b, b = b->next) {
@@ -1064,7 +1125,8 @@ void BlockPool::check_invariants() const {
             if (!a.is_mapped(g)) continue;
             const Extent e = mapping_extent(a.phys(g), g);
             const bool stealable = e.first >= ifirst && e.first + e.count <= ilast;
-            if (stealable) broken(at + ": shared block caches stealable granules but is not in the LRU list");
+            if (stealable)
+              broken(at + ": shared block caches stealable granules but is not in the LRU list");
           }
         }
       } else {

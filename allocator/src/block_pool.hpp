@@ -39,8 +39,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <memory>
 #include <map>
+#include <memory>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -61,8 +61,8 @@ struct Block {
   StreamId stream = 0;    ///< allocation stream, or owning stream while owned/retired
   bool allocated = false;
   bool retired = false;
-  bool shared = false;    ///< free and usable by every stream
-  bool used = false;      ///< has ever been allocated (for cross-stream reuse counting)
+  bool shared = false;         ///< free and usable by every stream
+  bool used = false;           ///< has ever been allocated (for cross-stream reuse counting)
   std::uint64_t free_seq = 0;  ///< owner stream's free sequence number at free/retire time
   Link<Block> fifo;            ///< owner's FIFO (owned free) or retired list
   Link<Block> lru;             ///< warm_ (shared free blocks that may hold mapped granules)
@@ -146,6 +146,8 @@ class BlockPool {
     std::deque<std::pair<EventId, std::uint64_t>> sweeps;
   };
   static constexpr std::size_t kMaxSweepsPerStream = 4;
+  /// Fits best_fit() looks at for one that needs no driver call (the default's placement).
+  static constexpr int kBackedFitCandidates = 8;
 
   StreamPool& stream_pool(StreamId stream) {
     // Consecutive calls are mostly for one stream: skip the hash lookup then. (streams_ is a
@@ -169,7 +171,7 @@ class BlockPool {
   void insert_free(Block* b, Block* fifo_pos = nullptr, bool warm = true);
   void remove_free(Block* b);
   static bool mergeable(const Block* a, const Block* b);
-  Block* coalesce(Block* b);                 // merges detached free b with its neighbours
+  Block* coalesce(Block* b);  // merges detached free b with its neighbours
   /// Folds `upper` into its lower neighbour `lower` and deletes it. The lower-address object
   /// survives, so an arena's first block never goes away.
   static void absorb(Block* lower, Block* upper);
@@ -190,9 +192,13 @@ class BlockPool {
   /// The free block wholly holding virtual granule g of `a` whose last user is finished with g
   /// (a shared block, or an owned one where finished()), or nullptr. O(log n).
   const Block* free_holder(const Arena& a, std::size_t g) const;
-  /// The smallest free block of at least `size` bytes that `sp`'s stream may use (its own or a
-  /// shared one), lowest address on ties, or nullptr. O(log n).
+  /// The free block to serve `size` from among those `sp`'s stream may use (its own and the
+  /// shared ones; see the .cpp), or nullptr. O(log n + candidates x granules).
   Block* best_fit(StreamPool& sp, std::size_t size);
+  /// Granules of [b->addr, b->addr+size) neither mapped nor coming back with no driver call,
+  /// counted up to `limit` (the scan stops there: callers only compare against it).
+  std::size_t missing_granules(const Block* b, std::size_t size,
+                               std::size_t limit = SIZE_MAX) const;
   /// Backs [b->addr, b->addr+size) of detached block b for `stream`; false if refused.
   bool ensure_mapped(Block* b, std::size_t size, StreamId stream);
   /// Unmaps cached granules of shared blocks until `target` granules are idle.
@@ -261,9 +267,9 @@ class BlockPool {
   std::unordered_map<StreamId, StreamPool> streams_;
   SizeIndex shared_free_;
   std::map<DevicePtr, Block*> free_by_addr_;  // shared and owned free blocks by address
-  IntrusiveList<Block, &Block::lru> warm_;  // LRU: front = freed longest ago
+  IntrusiveList<Block, &Block::lru> warm_;    // LRU: front = freed longest ago
   std::size_t free_blocks_ = 0;
-  StreamId last_stream_ = 0;          // stream_pool()'s one-entry cache
+  StreamId last_stream_ = 0;  // stream_pool()'s one-entry cache
   StreamPool* last_sp_ = nullptr;
   std::size_t sweeps_pending_ = 0;
   const bool segments_;            // segment mode: the backend cannot map

@@ -1,4 +1,4 @@
-// Issue 12, item 4: the simulator replays a cross-stream free as the job made it. A block whose
+// The simulator replays a cross-stream free as the job made it. A block whose
 // free_completed comes later than the event after its free_requested is freed at free_requested,
 // with a record_stream use on a stream the SimBackend holds until the free_completed, so
 // cuarena's own pending-free path decides when the memory is reusable.
@@ -117,46 +117,37 @@ TEST(CrossStreamFree, TheLastResortWaitReusesAHeldBlock) {
 }
 
 // The bundled traces: only vit_multistream (18 side-stream frees) and the record_stream edge
-// trace (1) have deferred free_completed events, and none has an allocation between a block's
-// free_requested and its free_completed, so cuarena's figures are those of freeing at the
-// free_completed (pinned here from the replayer before item 4, with the checked minimum).
-struct Pinned {
+// trace (1) have deferred free_completed events. Every free is replayed and nothing runs out of
+// memory; cuarena's own figures are held to its targets in policy_targets_test.cpp.
+struct Deferred {
   const char* file;
   std::size_t deferred;
-  std::uint64_t peak_reserved, min_capacity, frees;
+  std::uint64_t frees;
 };
 
-class BundledTrace : public ::testing::TestWithParam<Pinned> {};
+class BundledTrace : public ::testing::TestWithParam<Deferred> {};
 
-TEST_P(BundledTrace, FiguresAreUnchanged) {
-  const Pinned& t = GetParam();
+TEST_P(BundledTrace, EveryFreeReplayed) {
+  const Deferred& t = GetParam();
   const auto events = load_trace(std::string(CUARENA_TRACE_DIR) + "/" + t.file);
   EXPECT_EQ(cross_stream_frees(events).paired.size(), t.deferred);
   const Result r = replay_cuarena(events, SimOptions{});
   EXPECT_EQ(r.ooms, 0u);
-  EXPECT_EQ(r.peak_reserved_bytes, t.peak_reserved);
   EXPECT_EQ(r.frees, t.frees);
   EXPECT_EQ(r.skipped_events, 0u);
-  if (t.min_capacity) {
-    EXPECT_EQ(min_capacity_checked(events, SimOptions{}, r.peak_reserved_bytes).bytes,
-              t.min_capacity);
-  }
 }
 
-const Pinned kPinned[] = {
-    {"bert_varlen_infer.pickle.gz", 0, 918552576, 790626304, 14860},
-    {"gpt2_train.pickle.gz", 0, 14807990272, 14514388992, 16332},
-    {"moe_train.pickle.gz", 0, 11901337600, 11689525248, 59864},
-    {"resnet50_amp.pickle.gz", 0, 6209667072, 6096420864, 8313},
-    {"vit_multistream.pickle.gz", 18, 8155824128, 8050966528, 11266},
+const Deferred kBundled[] = {
+    {"bert_varlen_infer.pickle.gz", 0, 14860}, {"gpt2_train.pickle.gz", 0, 16332},
+    {"moe_train.pickle.gz", 0, 59864},         {"resnet50_amp.pickle.gz", 0, 8313},
+    {"vit_multistream.pickle.gz", 18, 11266},
 };
 
-void PrintTo(const Pinned& p, std::ostream* os) { *os << p.file; }
+void PrintTo(const Deferred& p, std::ostream* os) { *os << p.file; }
 
-INSTANTIATE_TEST_SUITE_P(Traces, BundledTrace, ::testing::ValuesIn(kPinned),
-                         [](const auto& info) {
-                           std::string name = info.param.file;
-                           return name.substr(0, name.find('.'));
-                         });
+INSTANTIATE_TEST_SUITE_P(Traces, BundledTrace, ::testing::ValuesIn(kBundled), [](const auto& info) {
+  std::string name = info.param.file;
+  return name.substr(0, name.find('.'));
+});
 
 }  // namespace
