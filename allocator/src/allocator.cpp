@@ -17,10 +17,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
-#include <optional>
 
+#include "assert.hpp"
 #include "block_pool.hpp"
 #include "cuarena/size_classes.hpp"
 #include "live_table.hpp"
@@ -103,6 +104,7 @@ class Allocator::Impl {
     DevicePtr ptr = 0;
     {
       std::lock_guard lock(mu_);
+      CUARENA_EXPENSIVE(check_structures());
       if (!pending_.empty()) process_pending(false);
       if (small) {
         ptr = slabs_.allocate(cls, stream, rec.slab);
@@ -161,6 +163,7 @@ class Allocator::Impl {
     } else {
       lock.lock();
     }
+    CUARENA_EXPENSIVE(check_structures());
     const int pool = int(rec.slab ? Pool::kSmall : Pool::kLarge);
     for (int q : {int(Pool::kAll), pool}) {
       stats_.allocation[q].decrease(1);
@@ -201,6 +204,7 @@ class Allocator::Impl {
 
   std::size_t release_cached() {
     std::lock_guard lock(mu_);
+    CUARENA_EXPENSIVE(check_structures());
     drain_caches();
     process_pending(true);
     pool_.synchronize();
@@ -211,6 +215,7 @@ class Allocator::Impl {
 
   void process_events() {
     std::lock_guard lock(mu_);
+    CUARENA_EXPENSIVE(check_structures());
     drain_caches();
     process_pending(false);
     pool_.poll_sweeps();
@@ -242,6 +247,7 @@ class Allocator::Impl {
       throw ConfigError("cuarena: memory fraction " + std::to_string(fraction) +
                         " is outside (0, 1]");
     std::lock_guard lock(mu_);
+    CUARENA_EXPENSIVE(check_structures());
     config_.per_process_memory_fraction = fraction;
     ctx_.limit = limit_bytes(ctx_.backend, config_);
     ctx_.soft_limit = static_cast<std::size_t>(double(ctx_.limit) * config_.defrag_threshold);
@@ -338,15 +344,16 @@ class Allocator::Impl {
   void check_invariants() const {
     std::lock_guard lock(mu_);
     fold_caches();
-    pool_.check_invariants();
-    slabs_.check_invariants();
+    check_structures();
     std::int64_t bytes = 0, requested = 0, count = 0;
     auto check_memory = [](DevicePtr ptr, std::size_t size, const Slab* slab, const Block* block) {
       if (slab) {
-        if (ptr < slab->base() || ptr + size > slab->base() + std::size_t(slab->slots) * slab->slot_size)
-          throw std::logic_error("cuarena invariant violated: " + hex(ptr) + " outside its slab");
-      } else if (!block->allocated || block->addr != ptr || block->size != size) {
-        throw std::logic_error("cuarena invariant violated: " + hex(ptr) + " block mismatch");
+        CUARENA_CHECK(ptr >= slab->base() &&
+                          ptr + size <= slab->base() + std::size_t(slab->slots) * slab->slot_size,
+                      hex(ptr) + " outside its slab");
+      } else {
+        CUARENA_CHECK(block->allocated && block->addr == ptr && block->size == size,
+                      hex(ptr) + " block mismatch");
       }
     };
     live_.for_each([&](DevicePtr ptr, const LiveBlock& rec) {
@@ -357,23 +364,31 @@ class Allocator::Impl {
     });
     caches_.for_each([&](StreamCache& c) {
       c.for_each_block([&](const CachedBlock& b) {
-        if (live_.contains(b.ptr))
-          throw std::logic_error("cuarena invariant violated: " + hex(b.ptr) +
-                                 " both live and in a stream cache");
+        CUARENA_CHECK(!live_.contains(b.ptr), hex(b.ptr) + " both live and in a stream cache");
         check_memory(b.ptr, b.size, b.slab, b.block);
       });
     });
     const int all = int(Pool::kAll);
-    if (stats_.allocation[all].current != count || stats_.allocated_bytes[all].current != bytes ||
-        stats_.requested_bytes[all].current != requested)
-      throw std::logic_error("cuarena invariant violated: statistics disagree with live blocks");
-    if (stats_.active[all].current != count + std::int64_t(pending_.size()))
-      throw std::logic_error("cuarena invariant violated: active count disagrees");
-    if (stats_.reserved_bytes[int(Pool::kSmall)].current != std::int64_t(slabs_.slab_bytes()))
-      throw std::logic_error("cuarena invariant violated: small_pool reserved != slab bytes");
+    CUARENA_CHECK(stats_.allocation[all].current == count &&
+                      stats_.allocated_bytes[all].current == bytes &&
+                      stats_.requested_bytes[all].current == requested,
+                  "statistics disagree with live blocks");
+    CUARENA_CHECK(stats_.active[all].current == count + std::int64_t(pending_.size()),
+                  "active count disagrees");
+    CUARENA_CHECK(
+        stats_.reserved_bytes[int(Pool::kSmall)].current == std::int64_t(slabs_.slab_bytes()),
+        "small_pool reserved != slab bytes");
   }
 
  private:
+  /// What the device lock guards alone: the pool's and the slabs' structures. The live table and
+  /// the stream caches change outside it, so only check_invariants() (no call in flight) looks
+  /// at them. Caller holds mu_.
+  void check_structures() const {
+    pool_.check_invariants();
+    slabs_.check_invariants();
+  }
+
   struct PendingFree {
     DevicePtr ptr;
     LiveBlock live;

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "assert.hpp"
+
 namespace cuarena::detail {
 
 PhysicalPool::~PhysicalPool() {
@@ -25,7 +27,7 @@ PhysRef PhysicalPool::take_idle() {
 void PhysicalPool::take(PhysRef p) {
   Chunk& c = chunks_.at(p.chunk);
   const std::uint32_t pos = c.idle_pos[p.offset];
-  if (pos == kNotIdle) throw std::logic_error("cuarena: taking a physical granule that is not idle");
+  CUARENA_ASSERT(pos != kNotIdle, "taking a physical granule that is not idle");
   const PhysRef last = idle_.back();
   idle_[pos] = last;
   chunks_.at(last.chunk).idle_pos[last.offset] = pos;
@@ -44,7 +46,7 @@ void PhysicalPool::put_idle(PhysRef p) {
 namespace {
 void erase_mapping(std::vector<PhysicalPool::Mapping>& list, PhysicalPool::Mapping m, const char* what) {
   auto it = std::find(list.begin(), list.end(), m);
-  if (it == list.end()) throw std::logic_error(std::string("cuarena: ") + what + " not recorded");
+  CUARENA_ASSERT(it != list.end(), std::string(what) + " not recorded");
   list.erase(it);
 }
 }  // namespace
@@ -104,8 +106,8 @@ bool PhysicalPool::drop_idle_whole(std::uint32_t chunk) {
 
 void PhysicalPool::take_whole(std::uint32_t chunk) {
   Chunk& c = chunks_.at(chunk);
-  if (!c.whole || !drop_idle_whole(chunk))
-    throw std::logic_error("cuarena: taking a whole chunk that is not idle");
+  const bool idle_whole = c.whole && drop_idle_whole(chunk);  // drops it: not inside the assert
+  CUARENA_CHECK(idle_whole, "taking a whole chunk that is not idle");
   c.idle = 0;
 }
 
