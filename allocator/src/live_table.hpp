@@ -19,6 +19,7 @@
 
 #include "cuarena/types.hpp"
 #include "spin_lock.hpp"
+#include "tuning.hpp"
 
 namespace cuarena::detail {
 
@@ -37,7 +38,7 @@ struct LiveBlock {
 
 class LiveTable {
  public:
-  static constexpr std::size_t kStripes = 256;
+  static constexpr std::size_t kStripes = tuning::kLiveTableStripes;
 
   void insert(DevicePtr ptr, LiveBlock&& rec) {
     Stripe& s = stripe(ptr);

@@ -28,6 +28,7 @@
 #include "cuarena/stats.hpp"
 #include "cuarena/types.hpp"
 #include "spin_lock.hpp"
+#include "tuning.hpp"
 
 namespace cuarena::detail {
 
@@ -58,7 +59,7 @@ struct CacheDelta {
 
 class alignas(64) StreamCache {  // own cache lines: each is used by its stream's thread
  public:
-  static constexpr std::size_t kMaxBlocks = 64;
+  static constexpr std::size_t kMaxBlocks = tuning::kStreamCacheBlocks;
 
   explicit StreamCache(StreamId s) : stream(s) {}
   const StreamId stream;
@@ -101,7 +102,7 @@ class alignas(64) StreamCache {  // own cache lines: each is used by its stream'
 /// The caches of one Allocator, by stream: lock-free lookup, creation under a mutex.
 class StreamCaches {
  public:
-  static constexpr std::size_t kSlots = 256;  ///< streams that get a cache; others go without
+  static constexpr std::size_t kSlots = tuning::kStreamCacheSlots;  ///< others go without
 
   /// The cache of `stream`, or nullptr when it has none. Lock-free.
   StreamCache* find(StreamId stream) const;
