@@ -12,13 +12,11 @@ void Arena::set(std::size_t g, PhysRef p) {
   }
   CUARENA_ASSERT(!phys_[g].valid(), "arena granule mapped twice");
   phys_[g] = p;
-  ++mapped_count_;
 }
 
 void Arena::clear(std::size_t g) {
   CUARENA_ASSERT(!segment_, "unmapping from a segment arena");
   CUARENA_ASSERT(has_mapping(g), "arena granule unmapped twice");
-  if (!dormant_[g]) --mapped_count_;
   phys_[g] = PhysRef{};
   dormant_[g] = false;
 }
@@ -27,8 +25,6 @@ void Arena::set_dormant(std::size_t g, bool dormant) {
   CUARENA_ASSERT(has_mapping(g) && dormant_[g] != dormant,
                  "arena granule's mapping is not in the state left");
   dormant_[g] = dormant;
-  if (dormant) --mapped_count_;
-  else ++mapped_count_;
 }
 
 std::size_t Arena::count_unmapped(std::size_t first, std::size_t last) const {

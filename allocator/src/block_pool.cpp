@@ -947,7 +947,7 @@ void BlockPool::mapped_runs(std::vector<std::pair<DevicePtr, std::size_t>>& out)
         first = g;
         open = true;
       } else if (!mapped && open) {
-        out.emplace_back(a.granule_addr(first), (g - first) * a.granule());
+        out.emplace_back(a.granule_addr(first), (g - first) * ctx_.granule);
         open = false;
       }
     }
