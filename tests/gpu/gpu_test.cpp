@@ -418,8 +418,10 @@ TEST_P(GpuReplay, DefaultVerifiedAndWithinTheSimulatorsRange) {
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_EQ(r.counters.at("verify_failures"), 0);
   double lo = 1e9, hi = 0;
-  for (const char* lag : {"1", "2", "4", "8"}) {
-    const Result sim = replay_cuarena(events, SimOptions{Config::parse(std::string("sim_event_latency:") + lag)});
+  for (const std::uint64_t lag : {1, 2, 4, 8}) {
+    SimOptions o;
+    o.device.event_latency = lag;
+    const Result sim = replay_cuarena(events, o);
     lo = std::min(lo, sim.reserved_ratio);
     hi = std::max(hi, sim.reserved_ratio);
   }

@@ -216,7 +216,7 @@ std::vector<std::string> config_corpus() {
           "small_limit:1MiB,size_classes_per_doubling:8",
           "whole_chunk_min:0",
           "per_process_memory_fraction:0.5,upstream:async,stream_alias:False",
-          "sim_capacity:80GiB,sim_granularity:64KiB,sim_event_latency:3",
+          "va_reserve:80GiB,slab_size:64KiB,sweep_interval:3",
           "cache_slack:0.05, defrag_threshold:0.9 ,whole_chunk_fraction:1",
           "va_reserve:64TiB,dormant_maps:0,sweep_interval:1048576",
           "stream_cache_bytes:0,slab_size:1GiB,whole_chunk_max:128MiB",

@@ -327,9 +327,10 @@ namespace {
 SimBackend::Options sim_options(const SimOptions& o) {
   SimBackend::Options so;
   if (o.capacity) so.capacity = o.capacity;
-  else if (o.config.sim_capacity) so.capacity = o.config.sim_capacity;
-  so.granularity = o.config.sim_granularity;
-  so.event_latency = o.config.sim_event_latency;
+  else if (o.device.capacity)
+    so.capacity = o.device.capacity;
+  so.granularity = o.device.granularity;
+  so.event_latency = o.device.event_latency;
   so.segments = o.config.upstream != Upstream::kVmm;  // async/malloc: the segment upstream path
   return so;
 }
@@ -423,6 +424,17 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
 
 }  // namespace
 
+void parse_replay_config(std::string_view text, SimOptions& options) {
+  options.config = Config{};
+  options.device = SimConfig{};
+  parse_config(text, {ConfigTarget(Config::table(), options.config),
+                      ConfigTarget(SimConfig::table(), options.device)});
+}
+
+std::string config_markdown_table() {
+  return config_markdown(Config::table(), true) + config_markdown(SimConfig::table(), false);
+}
+
 std::uint64_t sim_capacity_bytes(const SimOptions& options) {
   return sim_options(options).capacity;
 }
@@ -492,7 +504,7 @@ std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& o
     o.capacity = capacity;
     return run_sim(events, o, std::string::npos).ooms == 0;
   };
-  return search_min_capacity(options.config.sim_granularity, peak_requested(events), known_good,
+  return search_min_capacity(options.device.granularity, peak_requested(events), known_good,
                              std::uint64_t{1} << 50, fits)
       .value_or(0);
 }
@@ -549,7 +561,7 @@ CheckedMinCapacity min_capacity_checked(const std::vector<Event>& events, const 
     o.capacity = capacity;
     return run_sim(events, o, std::string::npos).ooms;
   };
-  return checked_min_capacity(options.config.sim_granularity, peak_requested(events), known_good,
+  return checked_min_capacity(options.device.granularity, peak_requested(events), known_good,
                               std::uint64_t{1} << 50, ooms_at);
 }
 

@@ -948,7 +948,7 @@ Result replay_torch_sim_row(const std::string& allocator, const std::vector<Even
   TorchSimOptions o;
   o.conf = TorchConf::parse(options.torch_conf);
   o.expandable = allocator == "torch-expandable-sim";
-  o.capacity = options.capacity ? options.capacity : options.config.sim_capacity;
+  o.capacity = options.capacity ? options.capacity : options.device.capacity;
   o.series = options.series;
   Result r = replay_torch_sim(events, o);
   if (min_capacity)

@@ -4,7 +4,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuarena/config.hpp"
 #include "cuarena/errors.hpp"
+#include "cuarena/types.hpp"
 
 namespace cuarena {
 
@@ -16,6 +18,22 @@ constexpr DevicePtr kVaEnd = DevicePtr{1} << 47;
   throw std::logic_error("SimBackend: " + what);
 }
 }  // namespace
+
+const ConfigTable<SimConfig>& SimConfig::table() {
+  using S = SimConfig;
+  static const ConfigTable<SimConfig> rows = {
+      uint_key("sim_event_latency", &S::event_latency, 0, std::uint64_t{1} << 30,
+               "simulator: an event completes this many clock ticks (trace events) after it is "
+               "recorded"),
+      size_key("sim_capacity", &S::capacity, 0, kMaxDeviceBytes,
+               "simulator: device bytes (0: " + size_text(SimBackend::kDefaultCapacity) + ")"),
+      // Devices map in granules of 64 KiB (older GPUs) to 2 MiB; smaller ones would make the
+      // simulator's per-granule tables huge for nothing.
+      size_key("sim_granularity", &S::granularity, 64 * KiB, 1 * GiB, "simulator: granule size",
+               /*pow2=*/true),
+  };
+  return rows;
+}
 
 SimBackend::SimBackend(Options options) : options_(options), next_va_(kVaBase) {
   const std::size_t g = options_.granularity;

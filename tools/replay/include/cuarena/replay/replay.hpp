@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "cuarena/config.hpp"
-#include "cuarena/stats.hpp"
 #include "cuarena/replay/trace.hpp"
+#include "cuarena/sim_backend.hpp"
+#include "cuarena/stats.hpp"
 
 namespace cuarena::replay {
 
@@ -134,7 +135,8 @@ CrossStreamFrees cross_stream_frees(const std::vector<Event>& events);
 
 struct SimOptions {
   Config config;
-  std::size_t capacity = 0;  ///< bytes; 0: config.sim_capacity or the recorded H200's
+  SimConfig device{};        ///< the simulator's keys (sim_event_latency, ...)
+  std::size_t capacity = 0;  ///< bytes; 0: device.capacity or the recorded H200's
   std::string torch_conf{};  ///< PYTORCH_CUDA_ALLOC_CONF-style settings of the torch-*-sim rows
   bool series = false;       ///< fill Result::series (the row's replay; capacity probes never)
   /// Called after each allocation of the row's replay (not its re-run to the peak, nor capacity
@@ -142,6 +144,14 @@ struct SimOptions {
   /// see which memory each allocation got.
   std::function<void(std::size_t event, const void* ptr)> on_allocate{};
 };
+
+/// Parses a config string of the core's keys and the simulator's (`sim_*`) into `options`
+/// (config and device), from their defaults. Throws ConfigError as parse_config().
+void parse_replay_config(std::string_view text, SimOptions& options);
+
+/// The Markdown table of every key --config takes (the core's, then the simulator's), with
+/// defaults: README.md's Configuration table is this text (a test holds them equal).
+std::string config_markdown_table();
 
 /// The simulated device's bytes under `options` (--capacity, else sim_capacity, else the
 /// recorded H200's 143771 MiB).

@@ -193,7 +193,7 @@ bool is_torch_sim(const std::string& allocator);
 /// the torch-*-sim rows asked for. Throws ConfigError naming the problem.
 void check_torch_conf(const std::string& torch_conf, const std::vector<std::string>& allocators);
 /// One torch-*-sim row: the settings from options.torch_conf, the device limit from
-/// options.capacity or config.sim_capacity (0: the H200, no memory fraction); with
+/// options.capacity or device.capacity (0: the H200, no memory fraction); with
 /// `min_capacity`, also its smallest capacity.
 Result replay_torch_sim_row(const std::string& allocator, const std::vector<Event>& events,
                             const SimOptions& options, bool min_capacity);
