@@ -44,8 +44,8 @@ std::string hex(DevicePtr p) {
 }
 
 std::size_t limit_bytes(const DeviceBackend& backend, const Config& config) {
-  const auto bytes = static_cast<std::size_t>(double(backend.capacity()) *
-                                              config.per_process_memory_fraction);
+  const auto bytes =
+      static_cast<std::size_t>(double(backend.capacity()) * config.per_process_memory_fraction);
   return bytes / backend.granularity() * backend.granularity();
 }
 }  // namespace
@@ -233,9 +233,10 @@ class Allocator::Impl {
   void reset_peak_stats() {
     std::lock_guard lock(mu_);
     fold_caches();
-    for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                         &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                         &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (StatArray* a :
+         {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+          &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+          &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
       for (Stat& s : *a) s.reset_peak();
     }
   }
@@ -290,12 +291,14 @@ class Allocator::Impl {
       std::lock_guard lock(mu_);
       pool_.mapped_runs(runs);
       for (const PendingFree& pf : pending_)
-        used.push_back({pf.ptr, pf.live.size, pf.live.requested, State::kPendingFree, pf.live.stream});
+        used.push_back(
+            {pf.ptr, pf.live.size, pf.live.requested, State::kPendingFree, pf.live.stream});
     }
     live_.for_each([&](DevicePtr ptr, const LiveBlock& rec) {
       used.push_back({ptr, rec.size, rec.requested, State::kAllocated, rec.stream});
     });
-    std::sort(used.begin(), used.end(), [](const auto& a, const auto& b) { return a.addr < b.addr; });
+    std::sort(used.begin(), used.end(),
+              [](const auto& a, const auto& b) { return a.addr < b.addr; });
     std::sort(runs.begin(), runs.end());
     std::vector<SegmentInfo> out;
     auto next = used.begin();
@@ -338,7 +341,7 @@ class Allocator::Impl {
     std::size_t slab_free = 0, largest = 0;
     slabs_.free_extents(slab_free, largest);
     return {b.allocated, slab_free, std::size_t(stats_.stream_cached_bytes), b.owned, b.shared,
-            b.retired, b.idle};
+            b.retired,   b.idle};
   }
 
   void check_invariants() const {
@@ -411,8 +414,10 @@ class Allocator::Impl {
   bool return_drained() {
     apply_deltas();
     for (const CachedBlock& b : drained_) {
-      if (b.slab) slabs_.deallocate(b.slab, b.ptr);
-      else pool_.deallocate(b.block);
+      if (b.slab)
+        slabs_.deallocate(b.slab, b.ptr);
+      else
+        pool_.deallocate(b.block);
     }
     const bool any = !drained_.empty();
     drained_.clear();
@@ -504,8 +509,10 @@ class Allocator::Impl {
 
   void sync_inactive() const {
     auto set = [](Stat& s, std::int64_t value) {
-      if (value > s.current) s.increase(value - s.current);
-      else if (value < s.current) s.decrease(s.current - value);
+      if (value > s.current)
+        s.increase(value - s.current);
+      else if (value < s.current)
+        s.decrease(s.current - value);
     };
     for (int p : {int(Pool::kAll), int(Pool::kSmall), int(Pool::kLarge)}) {
       set(stats_.inactive_split_bytes[p],
@@ -524,7 +531,7 @@ class Allocator::Impl {
   detail::SlabArena slabs_;
   mutable detail::LiveTable live_;
   detail::StreamCaches caches_;
-  std::vector<CachedBlock> drained_;  // drain scratch, under mu_; empty between calls
+  std::vector<CachedBlock> drained_;                // drain scratch, under mu_; empty between calls
   mutable std::vector<detail::CacheDelta> deltas_;  // fold scratch, under mu_; empty between calls
   std::vector<PendingFree> pending_;
 };
@@ -552,9 +559,7 @@ std::optional<Allocator::BlockInfo> Allocator::find(const void* ptr) const {
 }
 std::vector<Allocator::SegmentInfo> Allocator::segments() const { return impl_->segments(); }
 Allocator::Fragmentation Allocator::fragmentation() const { return impl_->fragmentation(); }
-Allocator::MemoryBreakdown Allocator::memory_breakdown() const {
-  return impl_->memory_breakdown();
-}
+Allocator::MemoryBreakdown Allocator::memory_breakdown() const { return impl_->memory_breakdown(); }
 void Allocator::check_invariants() const { impl_->check_invariants(); }
 
 }  // namespace cuarena

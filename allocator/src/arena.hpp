@@ -50,8 +50,8 @@ class Arena {
   /// Mapped in the driver at all (active or dormant).
   bool has_mapping(std::size_t g) const { return g < phys_.size() && phys_[g].valid(); }
   PhysRef phys(std::size_t g) const { return g < phys_.size() ? phys_[g] : PhysRef{}; }
-  void set(std::size_t g, PhysRef p);    // new active mapping at an unmapped granule
-  void clear(std::size_t g);             // the mapping (active or dormant) is gone
+  void set(std::size_t g, PhysRef p);  // new active mapping at an unmapped granule
+  void clear(std::size_t g);           // the mapping (active or dormant) is gone
   void set_dormant(std::size_t g, bool dormant);
 
   /// Granules [first, last) overlapping byte range [addr, addr+bytes).

@@ -164,8 +164,7 @@ Block* BlockPool::coalesce(Block* b) {
   const bool owned = !b->shared && !b->retired;
   const StreamId stream = b->stream;
   auto absorbable = [&](const Block* n) {
-    return n != nullptr &&
-           (mergeable(n, b) || (segments_ && owned && n->is_free() && n->shared));
+    return n != nullptr && (mergeable(n, b) || (segments_ && owned && n->is_free() && n->shared));
   };
   bool crossed = false;  // merged across states: keep b's state and its stream's free order
   const bool shared = b->shared;
@@ -264,8 +263,7 @@ void BlockPool::deallocate(Block* b) {
   start_sweep(stream, sp);
 }
 
-std::size_t BlockPool::missing_granules(const Block* b, std::size_t size,
-                                       std::size_t limit) const {
+std::size_t BlockPool::missing_granules(const Block* b, std::size_t size, std::size_t limit) const {
   if (segments_) return 0;
   const Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
@@ -350,8 +348,7 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   // Growing is allowed below the soft limit and below cache_slack over the peak of allocated
   // bytes; past both, cached granules are reused first.
   const auto slack_limit = static_cast<std::size_t>(
-      (1.0 + ctx_.config.cache_slack) *
-      double(ctx_.stats.allocated_bytes[int(Pool::kAll)].peak));
+      (1.0 + ctx_.config.cache_slack) * double(ctx_.stats.allocated_bytes[int(Pool::kAll)].peak));
   const std::size_t soft = std::max(ctx_.soft_limit, ctx_.config.cache_slack > 0 ? slack_limit : 0);
   if (ctx_.reserved() + creates(idle_now()) > soft) {
     // Reuse before growing. b is detached, so sweeps finishing here cannot coalesce it away.
@@ -418,9 +415,12 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   std::size_t next_alias = 0, next_taken = 0;
   for (std::size_t i = 0; i < need; ++i) {
     if (supply[i].valid()) continue;
-    if (next_alias < aliases.size() && inside(holes[i])) supply[i] = aliases[next_alias++];
-    else if (next_taken < taken.size()) supply[i] = taken[next_taken++];
-    else unfilled.push_back(i);
+    if (next_alias < aliases.size() && inside(holes[i]))
+      supply[i] = aliases[next_alias++];
+    else if (next_taken < taken.size())
+      supply[i] = taken[next_taken++];
+    else
+      unfilled.push_back(i);
   }
   if (!create_fresh(holes, unfilled, supply)) {
     give_back(taken);
@@ -429,11 +429,13 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   unmap_dormant(a, holes);
   map_granules(a, holes, supply);
   ctx_.stats.granules_aliased += std::int64_t(aliases.size() + aliased_whole);
-  if (reclaimed_idle + aliases.size() + packed > 0 || have > aliases.size()) ++ctx_.stats.stitched_ranges;
+  if (reclaimed_idle + aliases.size() + packed > 0 || have > aliases.size())
+    ++ctx_.stats.stitched_ranges;
   return true;
 }
 
-std::size_t BlockPool::pack_whole(const std::vector<std::size_t>& holes, std::vector<PhysRef>& supply,
+std::size_t BlockPool::pack_whole(const std::vector<std::size_t>& holes,
+                                  std::vector<PhysRef>& supply,
                                   std::vector<std::uint32_t>& wholes) {
   // Each run of consecutive holes takes the largest idle whole chunks that fit it, in order.
   std::size_t packed = 0;
@@ -465,7 +467,8 @@ void BlockPool::release_idle_whole(std::uint32_t chunk) {
 }
 
 bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
-                             const std::vector<std::size_t>& unfilled, std::vector<PhysRef>& supply) {
+                             const std::vector<std::size_t>& unfilled,
+                             std::vector<PhysRef>& supply) {
   // Runs of consecutive hole granules long enough become whole chunks; the rest one chunk of
   // movable granules.
   // Near the limit, single granules: they can move wherever the next request needs them.
@@ -480,8 +483,10 @@ bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
   for (std::size_t i = 0; i < unfilled.size();) {
     std::size_t j = i + 1;
     while (j < unfilled.size() && holes[unfilled[j]] == holes[unfilled[j - 1]] + 1) ++j;
-    if (j - i >= min_run) runs.emplace_back(i, j);
-    else for (std::size_t k = i; k < j; ++k) singles.push_back(unfilled[k]);
+    if (j - i >= min_run)
+      runs.emplace_back(i, j);
+    else
+      for (std::size_t k = i; k < j; ++k) singles.push_back(unfilled[k]);
     i = j;
   }
   std::vector<std::uint32_t> made;
@@ -511,7 +516,8 @@ bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
   if (!singles.empty()) {
     const PhysRef c = phys_.create(singles.size());
     if (!c.valid()) return fail();
-    for (std::size_t k = 0; k < singles.size(); ++k) supply[singles[k]] = {c.chunk, std::uint32_t(k)};
+    for (std::size_t k = 0; k < singles.size(); ++k)
+      supply[singles[k]] = {c.chunk, std::uint32_t(k)};
   }
   return true;
 }
@@ -523,7 +529,7 @@ void BlockPool::map_granules(Arena& a, const std::vector<std::size_t>& granules,
   // range, so every granule between two of them is mapped already, by mappings lying wholly
   // between them. A grant's cost barely grows with its size (~40 us for 2 MiB, ~85 us for
   // 2 GiB on an H200), so runs far apart get their own.
-  std::size_t span_begin = 0, span_end = 0;   // granules of the pending grant; empty if equal
+  std::size_t span_begin = 0, span_end = 0;  // granules of the pending grant; empty if equal
   auto grant = [&] {
     if (span_end == span_begin) return;
     ctx_.backend.set_access(a.granule_addr(span_begin), (span_end - span_begin) * ctx_.granule);
@@ -556,8 +562,10 @@ void BlockPool::map_granules(Arena& a, const std::vector<std::size_t>& granules,
 void BlockPool::unmap_run(Arena& a, std::size_t first, std::size_t count) {
   ctx_.backend.unmap(a.granule_addr(first), count * ctx_.granule);
   for (std::size_t g = first; g < first + count; ++g) {
-    if (a.is_dormant(g)) phys_.remove_dormant(a.phys(g), {&a, g});
-    else phys_.unmapped(a.phys(g), {&a, g});
+    if (a.is_dormant(g))
+      phys_.remove_dormant(a.phys(g), {&a, g});
+    else
+      phys_.unmapped(a.phys(g), {&a, g});
     a.clear(g);
   }
   ++ctx_.stats.unmap_calls;
@@ -598,8 +606,10 @@ void BlockPool::reactivate(Block* b, Arena& a, std::vector<std::size_t>& holes) 
     const PhysRef p = a.phys(g);
     const bool whole = phys_.whole(p.chunk);
     if (whole ? !phys_.is_idle_whole(p.chunk) : !phys_.is_idle(p)) continue;
-    if (whole) phys_.take_whole(p.chunk);
-    else phys_.take(p);
+    if (whole)
+      phys_.take_whole(p.chunk);
+    else
+      phys_.take(p);
     const auto [start, count] = mapping_extent(p, g);  // a whole chunk comes back whole
     for (std::size_t k = start; k < start + count; ++k) {
       const PhysRef q = a.phys(k);
@@ -611,8 +621,9 @@ void BlockPool::reactivate(Block* b, Arena& a, std::vector<std::size_t>& holes) 
     spilled |= start < holes.front() || start + count > holes.back() + 1;
   }
   if (n == 0) return;
-  holes.erase(std::remove_if(holes.begin(), holes.end(), [&](std::size_t g) { return a.is_mapped(g); }),
-              holes.end());
+  holes.erase(
+      std::remove_if(holes.begin(), holes.end(), [&](std::size_t g) { return a.is_mapped(g); }),
+      holes.end());
   ctx_.stats.granules_reactivated += std::int64_t(n);
   // Active granules in a shared free block must be findable by steal().
   if (spilled) {
@@ -699,8 +710,10 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
         if (take == Take::kMovable || (limited && got >= max_granules)) {
           remaining = true;
         } else {
-          if (take == Take::kAll) unmap_run(a, start, n);
-          else make_dormant(a, start);  // idle as one piece, for a run it fits
+          if (take == Take::kAll)
+            unmap_run(a, start, n);
+          else
+            make_dormant(a, start);  // idle as one piece, for a run it fits
           got += n;
         }
       }
@@ -713,8 +726,10 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
     }
     const std::size_t end = g;
     while (g > first && movable(g - 1) && (!limited || end - g < max_granules - got)) --g;
-    if (take == Take::kAll || ctx_.config.dormant_maps == 0) unmap_run(a, g, end - g);
-    else for (std::size_t k = g; k < end; ++k) make_dormant(a, k);
+    if (take == Take::kAll || ctx_.config.dormant_maps == 0)
+      unmap_run(a, g, end - g);
+    else
+      for (std::size_t k = g; k < end; ++k) make_dormant(a, k);
     got += end - g;
   }
   if (!remaining && Lru::contains(b)) warm_.erase(b);
@@ -753,11 +768,13 @@ std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t
       }
       auto best = runs.end();
       for (auto r = runs.begin(); r != runs.end(); ++r) {
-        if (r->second - r->first >= n && (best == runs.end() || r->second - r->first < best->second - best->first))
+        if (r->second - r->first >= n &&
+            (best == runs.end() || r->second - r->first < best->second - best->first))
           best = r;
       }
       if (best != runs.end()) {
-        for (std::size_t k = 0; k < n; ++k) supply[open[best->first + k]] = {p.chunk, std::uint32_t(k)};
+        for (std::size_t k = 0; k < n; ++k)
+          supply[open[best->first + k]] = {p.chunk, std::uint32_t(k)};
         best->first += n;
         got += n;
         picks.push_back({f, g});
@@ -794,7 +811,8 @@ std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
   for (const Block* f = sp.fifo.front(); f != nullptr && n < max; f = Fifo::next(f)) {
     std::size_t first = 0, last = 0;
     f->arena->interior(f->addr, f->size, first, last);
-    for (std::size_t g = first; g < last && n < max; ++g) n += !phys_.whole(f->arena->phys(g).chunk);
+    for (std::size_t g = first; g < last && n < max; ++g)
+      n += !phys_.whole(f->arena->phys(g).chunk);
   }
   return std::min(n, max);
 }
@@ -1002,10 +1020,14 @@ BlockPool::Breakdown BlockPool::breakdown() const {
         if (a.is_mapped(g)) rank[g] = std::max(rank[g], r);
     }
     for (int r : rank) {
-      if (r == 3) out.allocated += ctx_.granule;
-      else if (r == 2) out.retired += ctx_.granule;
-      else if (r == 1) out.owned += ctx_.granule;
-      else if (r == 0) out.shared += ctx_.granule;
+      if (r == 3)
+        out.allocated += ctx_.granule;
+      else if (r == 2)
+        out.retired += ctx_.granule;
+      else if (r == 1)
+        out.owned += ctx_.granule;
+      else if (r == 0)
+        out.shared += ctx_.granule;
     }
   }
   out.idle = (phys_.idle_granules() + phys_.idle_whole_granules()) * ctx_.granule;
@@ -1018,8 +1040,10 @@ void BlockPool::check_invariants() const {
   for (std::size_t i = 0; i < arenas_.size(); ++i) {
     const Arena& a = *arenas_[i];
     if (a.segment() != segments_) broken("arena kind differs from the backend's");
-    if (a.segment()) segment_bytes += a.size();
-    else arenas.push_back(&a);
+    if (a.segment())
+      segment_bytes += a.size();
+    else
+      arenas.push_back(&a);
     DevicePtr expect = a.base();
     const Block* prev = nullptr;
     for (const Block* b = arena_first_[i]; b != nullptr; prev = b, b = b->next) {
@@ -1055,7 +1079,8 @@ void BlockPool::check_invariants() const {
             if (!a.is_mapped(g)) continue;
             const Extent e = mapping_extent(a.phys(g), g);
             const bool stealable = e.first >= ifirst && e.first + e.count <= ilast;
-            if (stealable) broken(at + ": shared block caches stealable granules but is not in the LRU list");
+            if (stealable)
+              broken(at + ": shared block caches stealable granules but is not in the LRU list");
           }
         }
       } else {

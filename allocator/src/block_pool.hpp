@@ -39,8 +39,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <memory>
 #include <map>
+#include <memory>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -61,8 +61,8 @@ struct Block {
   StreamId stream = 0;    ///< allocation stream, or owning stream while owned/retired
   bool allocated = false;
   bool retired = false;
-  bool shared = false;    ///< free and usable by every stream
-  bool used = false;      ///< has ever been allocated (for cross-stream reuse counting)
+  bool shared = false;         ///< free and usable by every stream
+  bool used = false;           ///< has ever been allocated (for cross-stream reuse counting)
   std::uint64_t free_seq = 0;  ///< owner stream's free sequence number at free/retire time
   Link<Block> fifo;            ///< owner's FIFO (owned free) or retired list
   Link<Block> lru;             ///< warm_ (shared free blocks that may hold mapped granules)
@@ -167,7 +167,7 @@ class BlockPool {
   void insert_free(Block* b, Block* fifo_pos = nullptr, bool warm = true);
   void remove_free(Block* b);
   static bool mergeable(const Block* a, const Block* b);
-  Block* coalesce(Block* b);                 // merges detached free b with its neighbours
+  Block* coalesce(Block* b);  // merges detached free b with its neighbours
   /// Folds `upper` into its lower neighbour `lower` and deletes it. The lower-address object
   /// survives, so an arena's first block never goes away.
   static void absorb(Block* lower, Block* upper);
@@ -259,9 +259,9 @@ class BlockPool {
   std::unordered_map<StreamId, StreamPool> streams_;
   SizeIndex shared_free_;
   std::map<DevicePtr, Block*> shared_by_addr_;  // the same blocks by address
-  IntrusiveList<Block, &Block::lru> warm_;  // LRU: front = freed longest ago
+  IntrusiveList<Block, &Block::lru> warm_;      // LRU: front = freed longest ago
   std::size_t free_blocks_ = 0;
-  StreamId last_stream_ = 0;          // stream_pool()'s one-entry cache
+  StreamId last_stream_ = 0;  // stream_pool()'s one-entry cache
   StreamPool* last_sp_ = nullptr;
   std::size_t sweeps_pending_ = 0;
   const bool segments_;            // segment mode: the backend cannot map

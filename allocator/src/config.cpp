@@ -56,8 +56,8 @@ std::vector<ConfigItem> split_items(std::string_view text,
       ++i;
     }
     if (depth != 0) {
-      throw ConfigError("cuarena config: unbalanced '[' or ']' at position " +
-                        std::to_string(i) + " in \"" + quoted(text) + "\"");
+      throw ConfigError("cuarena config: unbalanced '[' or ']' at position " + std::to_string(i) +
+                        " in \"" + quoted(text) + "\"");
     }
     std::string_view item = text.substr(start, i - start);
     if (i < text.size()) ++i;  // the comma
@@ -251,10 +251,16 @@ std::size_t parse_size(std::string_view text, std::string_view what) {
   // SI units are powers of 1000 (80GB = 80e9 bytes), IEC units powers of 1024 (80GiB = 80 *
   // 2^30), as storage vendors and nvidia-smi use them; anything else is refused rather than
   // guessed (a lower-case or one-letter unit is ambiguous).
-  static const std::vector<std::pair<std::string, double>> units = {
-      {"", 1.0},     {"B", 1.0},      {"KB", 1e3},           {"MB", 1e6},
-      {"GB", 1e9},   {"TB", 1e12},    {"KiB", 1024.0},       {"MiB", 1048576.0},
-      {"GiB", 1073741824.0},          {"TiB", 1099511627776.0}};
+  static const std::vector<std::pair<std::string, double>> units = {{"", 1.0},
+                                                                    {"B", 1.0},
+                                                                    {"KB", 1e3},
+                                                                    {"MB", 1e6},
+                                                                    {"GB", 1e9},
+                                                                    {"TB", 1e12},
+                                                                    {"KiB", 1024.0},
+                                                                    {"MiB", 1048576.0},
+                                                                    {"GiB", 1073741824.0},
+                                                                    {"TiB", 1099511627776.0}};
   double scale = 0;
   for (const auto& [name, factor] : units) {
     if (name == unit) scale = factor;
@@ -281,8 +287,10 @@ std::string format_bytes(std::size_t bytes) {
     ++u;
   }
   char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
   return buf;
 }
 

@@ -31,15 +31,27 @@ class IntrusiveList {
     l.linked = true;
     l.next = pos;
     l.prev = pos ? (pos->*L).prev : tail_;
-    if (l.prev) (l.prev->*L).next = node; else head_ = node;
-    if (pos) (pos->*L).prev = node; else tail_ = node;
+    if (l.prev)
+      (l.prev->*L).next = node;
+    else
+      head_ = node;
+    if (pos)
+      (pos->*L).prev = node;
+    else
+      tail_ = node;
   }
 
   void erase(T* node) {
     Link<T>& l = node->*L;
     CUARENA_ASSERT_INTERNAL(l.linked, "erasing a node in no list");
-    if (l.prev) (l.prev->*L).next = l.next; else head_ = l.next;
-    if (l.next) (l.next->*L).prev = l.prev; else tail_ = l.prev;
+    if (l.prev)
+      (l.prev->*L).next = l.next;
+    else
+      head_ = l.next;
+    if (l.next)
+      (l.next->*L).prev = l.prev;
+    else
+      tail_ = l.prev;
     l = Link<T>{};
   }
 

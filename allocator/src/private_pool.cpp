@@ -65,7 +65,8 @@ void* PrivatePool::allocate(std::size_t bytes, StreamId stream) {
   return reinterpret_cast<void*>(it->first);
 }
 
-// The smaller (size, address) of the best fits among `stream`'s own free blocks and the shared ones.
+// The smaller (size, address) of the best fits among `stream`'s own free blocks and the shared
+// ones.
 PrivatePool::Blocks::iterator PrivatePool::best_fit(std::size_t size, StreamId stream) {
   const std::pair<std::size_t, DevicePtr> key{size, 0};
   auto best = shared_.lower_bound(key);
@@ -175,8 +176,8 @@ void PrivatePool::share_free_blocks() {
     Block& b = it->second;
     if (b.allocated) continue;
     b.shared = true;
-    for (auto next = std::next(it); next != blocks_.end() && !next->second.allocated &&
-                                    next->second.segment == b.segment;) {
+    for (auto next = std::next(it);
+         next != blocks_.end() && !next->second.allocated && next->second.segment == b.segment;) {
       b.size += next->second.size;
       next = blocks_.erase(next);
     }

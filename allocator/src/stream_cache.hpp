@@ -37,9 +37,9 @@ struct Slab;
 
 struct CachedBlock {
   DevicePtr ptr = 0;
-  std::size_t size = 0;   ///< rounded bytes (class size, or the block's size)
-  Slab* slab = nullptr;   ///< small: its slab
-  Block* block = nullptr; ///< large: its pool block
+  std::size_t size = 0;    ///< rounded bytes (class size, or the block's size)
+  Slab* slab = nullptr;    ///< small: its slab
+  Block* block = nullptr;  ///< large: its pool block
   bool small() const { return slab != nullptr; }
 };
 
@@ -91,7 +91,7 @@ class alignas(64) StreamCache {  // own cache lines: each is used by its stream'
   bool maybe_nonempty() const { return count_.load(std::memory_order_relaxed) != 0; }
 
  private:
-  SpinLock mu_;  // held for one short vector operation
+  SpinLock mu_;                      // held for one short vector operation
   std::vector<CachedBlock> blocks_;  // newest last
   std::size_t bytes_ = 0;
   CacheDelta delta_;

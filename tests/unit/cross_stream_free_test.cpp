@@ -153,10 +153,9 @@ const Pinned kPinned[] = {
 
 void PrintTo(const Pinned& p, std::ostream* os) { *os << p.file; }
 
-INSTANTIATE_TEST_SUITE_P(Traces, BundledTrace, ::testing::ValuesIn(kPinned),
-                         [](const auto& info) {
-                           std::string name = info.param.file;
-                           return name.substr(0, name.find('.'));
-                         });
+INSTANTIATE_TEST_SUITE_P(Traces, BundledTrace, ::testing::ValuesIn(kPinned), [](const auto& info) {
+  std::string name = info.param.file;
+  return name.substr(0, name.find('.'));
+});
 
 }  // namespace

@@ -151,7 +151,8 @@ void check_against_model(const Allocator& a, const SimBackend& sim,
   // No two live blocks share physical bytes, however granules moved, aliased or lay dormant.
   if (sim.supports_mapping()) {
     std::map<std::pair<PhysHandle, std::size_t>, DevicePtr> owner;  // (chunk, offset) -> block
-    std::vector<std::pair<std::pair<PhysHandle, std::size_t>, std::pair<std::size_t, DevicePtr>>> pieces;
+    std::vector<std::pair<std::pair<PhysHandle, std::size_t>, std::pair<std::size_t, DevicePtr>>>
+        pieces;
     for (const auto& b : blocks) {
       for (DevicePtr at = b.ptr; at < b.ptr + b.size;) {
         const DevicePtr granule_end = (at / kGranule + 1) * kGranule;
@@ -207,7 +208,8 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
       const std::size_t bytes = random_size(rng);
       try {
         void* p = a.allocate(bytes, stream);
-        ASSERT_TRUE(model.emplace(addr(p), Live{bytes, stream}).second) << "pointer handed out twice";
+        ASSERT_TRUE(model.emplace(addr(p), Live{bytes, stream}).second)
+            << "pointer handed out twice";
         order.push_back(addr(p));
         const auto info = a.find(p);
         ASSERT_TRUE(info.has_value());
@@ -276,13 +278,13 @@ const Scenario kScenarios[] = {
     {"segments_tight_laggy", 384 * MiB, 20, "upstream:async", 3000},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Scenarios, Randomized,
-    ::testing::Combine(::testing::ValuesIn(kScenarios), ::testing::Values(1u, 2u, 3u)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param).name) + "_seed" +
-             std::to_string(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Scenarios, Randomized,
+                         ::testing::Combine(::testing::ValuesIn(kScenarios),
+                                            ::testing::Values(1u, 2u, 3u)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).name) + "_seed" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
 
 // Long runs: six streams, about 200 blocks live, everything checked every kCheckEvery
 // operations. Their operations add up to over a million (kLongOps).

@@ -8,8 +8,8 @@
 #include <unordered_set>
 
 #include "cuarena/allocator.hpp"
-#include "cuarena/sim_backend.hpp"
 #include "cuarena/replay/replay_loop.hpp"
+#include "cuarena/sim_backend.hpp"
 
 namespace cuarena::replay {
 
@@ -243,8 +243,9 @@ Result replay_recorded(const std::vector<Event>& events, bool series) {
   }
   if (r.ooms > 0) {
     const FreeExtents f = recorded_free(events, first_oom);
-    r.first_oom = Result::FirstOom{first_oom, events[first_oom].size, f.total, f.pieces,
-                                   f.largest, std::nullopt};  // the device's free: not recorded
+    r.first_oom =
+        Result::FirstOom{first_oom,   events[first_oom].size, f.total, f.pieces, f.largest,
+                         std::nullopt};  // the device's free: not recorded
   }
   r.peak_requested_bytes = peak_requested(events);
   r.reserved_ratio =
@@ -326,7 +327,8 @@ namespace {
 
 SimBackend::Options sim_options(const SimOptions& o) {
   SimBackend::Options so;
-  if (o.capacity) so.capacity = o.capacity;
+  if (o.capacity)
+    so.capacity = o.capacity;
   else if (o.device.capacity)
     so.capacity = o.device.capacity;
   so.granularity = o.device.granularity;
@@ -491,8 +493,10 @@ std::optional<std::uint64_t> search_min_capacity(std::uint64_t step, std::uint64
   if (lo > 0) --lo;
   while (hi - lo > 1) {  // invariant: hi fits, lo does not (or is the floor)
     const std::uint64_t mid = lo + (hi - lo) / 2;
-    if (fits(mid * g)) hi = mid;
-    else lo = mid;
+    if (fits(mid * g))
+      hi = mid;
+    else
+      lo = mid;
   }
   return hi * g;
 }
@@ -510,7 +514,9 @@ std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& o
 }
 
 std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t step) {
-  auto up = [step](std::uint64_t bytes) { return std::max(step, (bytes + step - 1) / step * step); };
+  auto up = [step](std::uint64_t bytes) {
+    return std::max(step, (bytes + step - 1) / step * step);
+  };
   const std::uint64_t near = up(std::uint64_t{2} << 20);  // 2 MiB, or one step if larger
   std::set<std::uint64_t> out;
   for (std::uint64_t d = near; d <= (std::uint64_t{16} << 20) || d == near; d += near)
@@ -520,9 +526,9 @@ std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t 
   return {out.begin(), out.end()};
 }
 
-CheckedMinCapacity checked_min_capacity(std::uint64_t step, std::uint64_t floor,
-                                        std::uint64_t known_good, std::uint64_t ceiling,
-                                        const std::function<std::uint64_t(std::uint64_t)>& ooms_at) {
+CheckedMinCapacity checked_min_capacity(
+    std::uint64_t step, std::uint64_t floor, std::uint64_t known_good, std::uint64_t ceiling,
+    const std::function<std::uint64_t(std::uint64_t)>& ooms_at) {
   auto fits = [&](std::uint64_t capacity) { return ooms_at(capacity) == 0; };
   CheckedMinCapacity out;
   out.searched = search_min_capacity(step, floor, known_good, ceiling, fits);

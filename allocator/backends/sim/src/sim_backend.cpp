@@ -14,9 +14,7 @@ namespace {
 constexpr DevicePtr kVaBase = DevicePtr{1} << 44;  // where simulated address space starts
 constexpr DevicePtr kVaEnd = DevicePtr{1} << 47;
 
-[[noreturn]] void misuse(const std::string& what) {
-  throw std::logic_error("SimBackend: " + what);
-}
+[[noreturn]] void misuse(const std::string& what) { throw std::logic_error("SimBackend: " + what); }
 }  // namespace
 
 const ConfigTable<SimConfig>& SimConfig::table() {
@@ -104,7 +102,8 @@ PhysHandle SimBackend::create_physical(std::size_t bytes) {
 }
 
 std::size_t SimBackend::live_whole_chunks() const {
-  return std::size_t(std::count_if(chunks_.begin(), chunks_.end(), [](const auto& c) { return c.second.whole; }));
+  return std::size_t(
+      std::count_if(chunks_.begin(), chunks_.end(), [](const auto& c) { return c.second.whole; }));
 }
 
 PhysHandle SimBackend::create_whole_physical(std::size_t bytes) {
@@ -158,8 +157,8 @@ void SimBackend::set_access(DevicePtr va, std::size_t bytes) {
   ++set_access_calls_;
 }
 
-void SimBackend::map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk,
-                              std::size_t offset, bool access) {
+void SimBackend::map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset,
+                              bool access) {
   require_mapping("map");
   Range& r = range_of(va, bytes, "map");
   auto it = chunks_.find(chunk);

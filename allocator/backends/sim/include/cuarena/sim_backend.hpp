@@ -49,9 +49,9 @@ class SimBackend final : public DeviceBackend {
   static constexpr std::size_t kDefaultCapacity = std::size_t{143771} << 20;
 
   struct Options {
-    std::size_t capacity = kDefaultCapacity;           ///< bytes
-    std::size_t granularity = std::size_t{2} << 20;    ///< bytes, a power of two
-    std::uint64_t event_latency = 1;                   ///< ticks until an event completes
+    std::size_t capacity = kDefaultCapacity;         ///< bytes
+    std::size_t granularity = std::size_t{2} << 20;  ///< bytes, a power of two
+    std::uint64_t event_latency = 1;                 ///< ticks until an event completes
     bool segments = false;  ///< model a segment upstream (no mapping) instead of VMM
   };
   explicit SimBackend(Options options);
@@ -120,7 +120,7 @@ class SimBackend final : public DeviceBackend {
     std::vector<PhysHandle> mapped;   // per granule: the chunk mapped there, 0 if none
     std::vector<std::size_t> offset;  // per granule: its byte offset in that chunk
     std::vector<bool> access;         // per granule: mapped with access granted
-    bool segment = false;            // from allocate_segment(): backed by its own chunk
+    bool segment = false;             // from allocate_segment(): backed by its own chunk
   };
   struct Chunk {
     std::size_t bytes;

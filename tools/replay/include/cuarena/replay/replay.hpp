@@ -66,8 +66,8 @@ struct Result {
   /// the capacities above it replayed, with their failures.
   std::optional<std::uint64_t> min_capacity_search_bytes;
   std::vector<CapacityProbe> min_capacity_probes;
-  double external_fragmentation = 0;  ///< at the moment of peak reserved
-  std::uint64_t free_at_peak_bytes = 0;  ///< reserved but not allocated, at that moment
+  double external_fragmentation = 0;       ///< at the moment of peak reserved
+  std::uint64_t free_at_peak_bytes = 0;    ///< reserved but not allocated, at that moment
   std::uint64_t rounding_waste_bytes = 0;  ///< allocated - requested at that moment
   std::uint64_t ooms = 0;
   std::uint64_t allocs = 0;
@@ -184,7 +184,7 @@ std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t 
 /// probed (or searched) above which every probe fits. A probe that fails with nothing probed
 /// above it starts a new search above that probe (three rounds at most).
 struct CheckedMinCapacity {
-  std::optional<std::uint64_t> bytes;     ///< the answer; nullopt when nothing up to the ceiling fits
+  std::optional<std::uint64_t> bytes;  ///< the answer; nullopt when nothing up to the ceiling fits
   std::optional<std::uint64_t> searched;  ///< the binary search's first answer
   std::vector<CapacityProbe> probes;      ///< every probe, in the order made
 };
