@@ -62,13 +62,13 @@
 #include <utility>
 #include <vector>
 
+#include "cuarena/config.hpp"
 #include "cuarena/replay/cub_caching.hpp"
 #include "cuarena/replay/cuda_check.hpp"
-#include "cuarena/config.hpp"
 #include "cuarena/replay/gpu_replay.hpp"
-#include "trace_ops.hpp"
 #include "cuarena/replay/replay.hpp"
 #include "cuarena/replay/trace.hpp"
+#include "trace_ops.hpp"
 #ifdef CUARENA_BENCH_TORCH
 #include "torch_adapter.hpp"
 #endif
@@ -114,9 +114,12 @@ class TorchGpu final : public GpuAllocator {
   void* allocate(std::size_t bytes, void* stream) override {
     void* p = nullptr;
     switch (torch_native::allocate(bytes, stream, &p)) {
-      case torch_native::AllocStatus::kOk: return p;
-      case torch_native::AllocStatus::kOutOfMemory: return nullptr;
-      case torch_native::AllocStatus::kError: break;
+      case torch_native::AllocStatus::kOk:
+        return p;
+      case torch_native::AllocStatus::kOutOfMemory:
+        return nullptr;
+      case torch_native::AllocStatus::kError:
+        break;
     }
     throw std::runtime_error(torch_native::last_error());
   }
@@ -156,23 +159,20 @@ std::string env(const char* name) {
 std::vector<AllocatorKind> allocator_kinds() {
   std::vector<AllocatorKind> kinds;
   const std::string conf = env("CUARENA_CONF");
-  kinds.push_back({"cuarena", conf.empty() ? "cuarena" : "cuarena CUARENA_CONF=" + conf, [] {
-                     return replay::make_cuarena_gpu(kDevice, cuarena::Config::from_env());
-                   }});
+  kinds.push_back({"cuarena", conf.empty() ? "cuarena" : "cuarena CUARENA_CONF=" + conf,
+                   [] { return replay::make_cuarena_gpu(kDevice, cuarena::Config::from_env()); }});
+  kinds.push_back({"cuda-async", "cuda-async", [] { return replay::make_cuda_async(kDevice); }});
   kinds.push_back(
-      {"cuda-async", "cuda-async", [] { return replay::make_cuda_async(kDevice); }});
-  kinds.push_back({"cub", "cub", [] {
-                     return replay::make_cub(kDevice, replay::kCubDefaultMaxCachedBytes);
-                   }});
+      {"cub", "cub", [] { return replay::make_cub(kDevice, replay::kCubDefaultMaxCachedBytes); }});
 #ifdef CUARENA_BENCH_TORCH
   const std::string torch_conf = env("PYTORCH_CUDA_ALLOC_CONF");
-  kinds.push_back({"torch-native",
-                   torch_conf.empty() ? "torch-native"
-                                      : "torch-native PYTORCH_CUDA_ALLOC_CONF=" + torch_conf,
-                   [] {
-                     check_cuda(cudaSetDevice(kDevice), "cudaSetDevice");
-                     return std::unique_ptr<GpuAllocator>(std::make_unique<TorchGpu>());
-                   }});
+  kinds.push_back(
+      {"torch-native",
+       torch_conf.empty() ? "torch-native" : "torch-native PYTORCH_CUDA_ALLOC_CONF=" + torch_conf,
+       [] {
+         check_cuda(cudaSetDevice(kDevice), "cudaSetDevice");
+         return std::unique_ptr<GpuAllocator>(std::make_unique<TorchGpu>());
+       }});
 #endif
   return kinds;
 }
@@ -372,7 +372,8 @@ void BM_MixedTrace(benchmark::State& state, const AllocatorKind* kind) {
     if (failed) return;
 
     session.synchronize();
-    state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(trace.compiled.ops.size()));
+    state.SetItemsProcessed(state.iterations() *
+                            static_cast<std::int64_t>(trace.compiled.ops.size()));
     add_counter_deltas(state, before, alloc.counters());
     state.counters["events/pass"] = static_cast<double>(trace.compiled.ops.size());
     state.counters["peak_reserved_GiB"] = static_cast<double>(peak_reserved) / kGiB;
@@ -445,8 +446,8 @@ void teardown_threads() {
       void* const stream = g_threads.session->streams[t];
       ThreadRing& ring = g_threads.rings[t];
       for (std::size_t i = 0; i < kRing; ++i) {
-        for (auto [slot, bytes] : {std::pair{&ring.small[i], kThreadSmall},
-                                   std::pair{&ring.large[i], kThreadLarge}}) {
+        for (auto [slot, bytes] :
+             {std::pair{&ring.small[i], kThreadSmall}, std::pair{&ring.large[i], kThreadLarge}}) {
           if (*slot == nullptr) continue;
           try {
             alloc.deallocate(*slot, bytes, stream);
@@ -504,8 +505,8 @@ void BM_Threads(benchmark::State& state, const AllocatorKind* kind) {
           break;
         }
       }
-      if (const char* err = ring_step(*shared->session->alloc, shared->rings[t],
-                                      shared->session->streams[t])) {
+      if (const char* err =
+              ring_step(*shared->session->alloc, shared->rings[t], shared->session->streams[t])) {
         state.SkipWithError(err);
         break;
       }

@@ -51,9 +51,9 @@
 #include <vector>
 
 #include "cuarena/allocator.hpp"
-#include "cuarena/sim_backend.hpp"
 #include "cuarena/replay/replay.hpp"
 #include "cuarena/replay/trace.hpp"
+#include "cuarena/sim_backend.hpp"
 #include "trace_ops.hpp"
 
 #ifndef CUARENA_BENCH_TRACE_DIR
@@ -159,12 +159,7 @@ void BM_AllocFree(benchmark::State& state) {
     state.SkipWithError(e.what());
   }
 }
-BENCHMARK(BM_AllocFree)
-    ->Arg(512)
-    ->Arg(64 * KiB)
-    ->Arg(1 * MiB)
-    ->Arg(8 * MiB)
-    ->Arg(256 * MiB);
+BENCHMARK(BM_AllocFree)->Arg(512)->Arg(64 * KiB)->Arg(1 * MiB)->Arg(8 * MiB)->Arg(256 * MiB);
 
 // ---------------------------------------------------------------------------------------------
 // BM_MixedSizes: a realistic mixed-size allocate/free stream (gpt2_train).
@@ -210,8 +205,10 @@ void BM_MixedSizes(benchmark::State& state, const char* trace_name, const char* 
     auto pass = [&] {
       for (const cuarena::bench::TraceOp& op : stream.trace.ops) {
         sim.advance(1);
-        if (op.alloc) slots[op.slot] = alloc.allocate(op.size, stream.trace.stream_handles[op.stream]);
-        else alloc.deallocate(slots[op.slot]);
+        if (op.alloc)
+          slots[op.slot] = alloc.allocate(op.size, stream.trace.stream_handles[op.stream]);
+        else
+          alloc.deallocate(slots[op.slot]);
       }
     };
     pass();  // warm-up: fill the cache, so passes are timed in steady state
@@ -222,16 +219,18 @@ void BM_MixedSizes(benchmark::State& state, const char* trace_name, const char* 
     const cuarena::Stats after = alloc.stats();
     const double passes = double(state.iterations());
     auto per_pass = [&](std::int64_t a, std::int64_t b) { return double(b - a) / passes; };
-    state.counters["moved"] =
-        per_pass(before.granules_stolen + before.granules_aliased, after.granules_stolen + after.granules_aliased);
+    state.counters["moved"] = per_pass(before.granules_stolen + before.granules_aliased,
+                                       after.granules_stolen + after.granules_aliased);
     state.counters["maps"] = per_pass(before.map_calls, after.map_calls);
-    state.counters["reactivated"] = per_pass(before.granules_reactivated, after.granules_reactivated);
+    state.counters["reactivated"] =
+        per_pass(before.granules_reactivated, after.granules_reactivated);
     state.counters["unmaps"] = per_pass(before.unmap_calls, after.unmap_calls);
     state.counters["creates"] = per_pass(before.num_device_alloc, after.num_device_alloc);
     const int all = static_cast<int>(cuarena::Pool::kAll);
     state.counters["ratio"] =
         double(after.reserved_bytes[all].peak) / double(after.requested_bytes[all].peak);
-    state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(stream.trace.ops.size()));
+    state.SetItemsProcessed(state.iterations() *
+                            static_cast<std::int64_t>(stream.trace.ops.size()));
     state.SetLabel(stream.label);
     check_clean(state, alloc);
   } catch (const std::exception& e) {
@@ -293,8 +292,7 @@ BENCHMARK_CAPTURE(BM_SimReplay, gpt2_train, "gpt2_train")->Unit(benchmark::kMill
 BENCHMARK_CAPTURE(BM_SimReplay, resnet50_amp, "resnet50_amp")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_SimReplay, bert_varlen_infer, "bert_varlen_infer")
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_SimReplay, vit_multistream, "vit_multistream")
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_SimReplay, vit_multistream, "vit_multistream")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_SimReplay, moe_train, "moe_train")->Unit(benchmark::kMillisecond);
 
 // ---------------------------------------------------------------------------------------------

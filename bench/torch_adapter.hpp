@@ -30,10 +30,10 @@ bool deallocate(void* ptr);
 bool empty_cache();
 
 struct Stats {
-  std::int64_t reserved_bytes = 0;   ///< reserved_bytes[aggregate].current
-  std::int64_t num_device_alloc = 0; ///< cudaMalloc calls so far
-  std::int64_t num_device_free = 0;  ///< cudaFree calls so far
-  std::int64_t num_alloc_retries = 0;///< allocations that had to free the cache and retry
+  std::int64_t reserved_bytes = 0;     ///< reserved_bytes[aggregate].current
+  std::int64_t num_device_alloc = 0;   ///< cudaMalloc calls so far
+  std::int64_t num_device_free = 0;    ///< cudaFree calls so far
+  std::int64_t num_alloc_retries = 0;  ///< allocations that had to free the cache and retry
 };
 /// cca::getDeviceStats(device). false on failure (message in last_error()).
 bool stats(int device, Stats* out);

@@ -22,7 +22,7 @@ struct TraceOp {
 
 struct TraceOps {
   std::vector<TraceOp> ops;
-  std::size_t slots = 0;                     ///< size of the live-pointer table
+  std::size_t slots = 0;                      ///< size of the live-pointer table
   std::vector<std::uint64_t> stream_handles;  ///< dense stream index -> the trace's handle
 };
 

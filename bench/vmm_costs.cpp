@@ -7,8 +7,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <vector>
 #include <initializer_list>
+#include <vector>
 
 #include "driver_api.hpp"
 
@@ -97,10 +97,11 @@ int main() {
   if (unmap_one != CUDA_SUCCESS) {
     for (int i = 0; i < kRun; ++i) api.mem_unmap(va + i * g, g);
   }
-  std::printf("%d granules mapped one by one: one cuMemSetAccess over all: %s (%.1f us); "
-              "cuMemUnmap each: %.1f us in all; one cuMemUnmap over all: %s (%.1f us)\n",
-              kRun, set_one == CUDA_SUCCESS ? "ok" : "refused", t_set_one, t_unmap_each,
-              unmap_one == CUDA_SUCCESS ? "ok" : "refused", t_unmap_one);
+  std::printf(
+      "%d granules mapped one by one: one cuMemSetAccess over all: %s (%.1f us); "
+      "cuMemUnmap each: %.1f us in all; one cuMemUnmap over all: %s (%.1f us)\n",
+      kRun, set_one == CUDA_SUCCESS ? "ok" : "refused", t_set_one, t_unmap_each,
+      unmap_one == CUDA_SUCCESS ? "ok" : "refused", t_unmap_one);
   for (auto h : hs) api.mem_release(h);
   api.address_free(va, 2048 * g);
   return 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what cuarena builds and tests with: Debian packages (compiler, CMake, Ninja,
-# GoogleTest, Google Benchmark, CLI11, nlohmann-json, zlib), and from PyPI pytest, matplotlib
+# GoogleTest, Google Benchmark, CLI11, nlohmann-json, zlib, clang-format), and from PyPI pytest, matplotlib
 # (`cuarena replay --report`), torch 2.11.0 and scikit-build-core (for the Python package
 # `cuarena` and its tests; torch's PyPI wheel is the CUDA 13.0 build with its nvidia-*
 # dependencies, about 3-4 GB, and imports without a GPU).
@@ -9,7 +9,7 @@
 set -euo pipefail
 
 packages=(g++ cmake ninja-build python3 python3-pip libgtest-dev libbenchmark-dev libcli11-dev
-          nlohmann-json3-dev zlib1g-dev)
+          nlohmann-json3-dev zlib1g-dev clang-format)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -2,7 +2,8 @@
 # The whole CPU test suite: installs dependencies, builds, runs every test (GoogleTest via CTest
 # and pytest), then builds the policy core, the replayer and the tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer and runs them there too, and the core's thread
-# tests under ThreadSanitizer.
+# tests under ThreadSanitizer. Fails, naming them, when tracked C++/CUDA files are not formatted
+# as .clang-format says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,19 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 tools/install-deps.sh
+
+# Formatting first (seconds), reported again at the end so the tests still run.
+unformatted=()
+while IFS= read -r f; do
+  clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || unformatted+=("$f")
+done < <(git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' '*.h')
+report_format() {
+  if ((${#unformatted[@]})); then
+    echo "Not clang-formatted ($(clang-format --version | head -1); fix: clang-format -i FILE...):"
+    printf '  %s\n' "${unformatted[@]}"
+  fi
+}
+report_format
 # The PyTorch drop-in compiles and links against the installed torch (no GPU needed), and its
 # Python package's CPU tests load it; without torch (CUARENA_NO_TORCH=1) both are left out.
 adapter=OFF
@@ -37,3 +51,7 @@ fi
 awk '/tests passed, [0-9]+ tests failed out of/ {failed += $4; total += $NF}
      /\(Skipped\)$/ {skipped++}
      END {printf "%d passed, %d failed, %d skipped\n", total - failed - skipped, failed, skipped}' "$log"
+if ((${#unformatted[@]})); then
+  report_format
+  exit 1
+fi

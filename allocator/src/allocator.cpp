@@ -17,10 +17,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
-#include <optional>
 
+#include "assert.hpp"
 #include "block_pool.hpp"
 #include "cuarena/size_classes.hpp"
 #include "live_table.hpp"
@@ -43,8 +44,8 @@ std::string hex(DevicePtr p) {
 }
 
 std::size_t limit_bytes(const DeviceBackend& backend, const Config& config) {
-  const auto bytes = static_cast<std::size_t>(double(backend.capacity()) *
-                                              config.per_process_memory_fraction);
+  const auto bytes =
+      static_cast<std::size_t>(double(backend.capacity()) * config.per_process_memory_fraction);
   return bytes / backend.granularity() * backend.granularity();
 }
 }  // namespace
@@ -103,6 +104,7 @@ class Allocator::Impl {
     DevicePtr ptr = 0;
     {
       std::lock_guard lock(mu_);
+      CUARENA_EXPENSIVE(check_structures());
       if (!pending_.empty()) process_pending(false);
       if (small) {
         ptr = slabs_.allocate(cls, stream, rec.slab);
@@ -161,6 +163,7 @@ class Allocator::Impl {
     } else {
       lock.lock();
     }
+    CUARENA_EXPENSIVE(check_structures());
     const int pool = int(rec.slab ? Pool::kSmall : Pool::kLarge);
     for (int q : {int(Pool::kAll), pool}) {
       stats_.allocation[q].decrease(1);
@@ -201,6 +204,7 @@ class Allocator::Impl {
 
   std::size_t release_cached() {
     std::lock_guard lock(mu_);
+    CUARENA_EXPENSIVE(check_structures());
     drain_caches();
     process_pending(true);
     pool_.synchronize();
@@ -211,6 +215,7 @@ class Allocator::Impl {
 
   void process_events() {
     std::lock_guard lock(mu_);
+    CUARENA_EXPENSIVE(check_structures());
     drain_caches();
     process_pending(false);
     pool_.poll_sweeps();
@@ -228,9 +233,10 @@ class Allocator::Impl {
   void reset_peak_stats() {
     std::lock_guard lock(mu_);
     fold_caches();
-    for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                         &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                         &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (StatArray* a :
+         {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+          &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+          &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
       for (Stat& s : *a) s.reset_peak();
     }
   }
@@ -242,6 +248,7 @@ class Allocator::Impl {
       throw ConfigError("cuarena: memory fraction " + std::to_string(fraction) +
                         " is outside (0, 1]");
     std::lock_guard lock(mu_);
+    CUARENA_EXPENSIVE(check_structures());
     config_.per_process_memory_fraction = fraction;
     ctx_.limit = limit_bytes(ctx_.backend, config_);
     ctx_.soft_limit = static_cast<std::size_t>(double(ctx_.limit) * config_.defrag_threshold);
@@ -284,12 +291,14 @@ class Allocator::Impl {
       std::lock_guard lock(mu_);
       pool_.mapped_runs(runs);
       for (const PendingFree& pf : pending_)
-        used.push_back({pf.ptr, pf.live.size, pf.live.requested, State::kPendingFree, pf.live.stream});
+        used.push_back(
+            {pf.ptr, pf.live.size, pf.live.requested, State::kPendingFree, pf.live.stream});
     }
     live_.for_each([&](DevicePtr ptr, const LiveBlock& rec) {
       used.push_back({ptr, rec.size, rec.requested, State::kAllocated, rec.stream});
     });
-    std::sort(used.begin(), used.end(), [](const auto& a, const auto& b) { return a.addr < b.addr; });
+    std::sort(used.begin(), used.end(),
+              [](const auto& a, const auto& b) { return a.addr < b.addr; });
     std::sort(runs.begin(), runs.end());
     std::vector<SegmentInfo> out;
     auto next = used.begin();
@@ -332,21 +341,22 @@ class Allocator::Impl {
     std::size_t slab_free = 0, largest = 0;
     slabs_.free_extents(slab_free, largest);
     return {b.allocated, slab_free, std::size_t(stats_.stream_cached_bytes), b.owned, b.shared,
-            b.retired, b.idle};
+            b.retired,   b.idle};
   }
 
   void check_invariants() const {
     std::lock_guard lock(mu_);
     fold_caches();
-    pool_.check_invariants();
-    slabs_.check_invariants();
+    check_structures();
     std::int64_t bytes = 0, requested = 0, count = 0;
     auto check_memory = [](DevicePtr ptr, std::size_t size, const Slab* slab, const Block* block) {
       if (slab) {
-        if (ptr < slab->base() || ptr + size > slab->base() + std::size_t(slab->slots) * slab->slot_size)
-          throw std::logic_error("cuarena invariant violated: " + hex(ptr) + " outside its slab");
-      } else if (!block->allocated || block->addr != ptr || block->size != size) {
-        throw std::logic_error("cuarena invariant violated: " + hex(ptr) + " block mismatch");
+        CUARENA_CHECK(ptr >= slab->base() &&
+                          ptr + size <= slab->base() + std::size_t(slab->slots) * slab->slot_size,
+                      hex(ptr) + " outside its slab");
+      } else {
+        CUARENA_CHECK(block->allocated && block->addr == ptr && block->size == size,
+                      hex(ptr) + " block mismatch");
       }
     };
     live_.for_each([&](DevicePtr ptr, const LiveBlock& rec) {
@@ -357,23 +367,31 @@ class Allocator::Impl {
     });
     caches_.for_each([&](StreamCache& c) {
       c.for_each_block([&](const CachedBlock& b) {
-        if (live_.contains(b.ptr))
-          throw std::logic_error("cuarena invariant violated: " + hex(b.ptr) +
-                                 " both live and in a stream cache");
+        CUARENA_CHECK(!live_.contains(b.ptr), hex(b.ptr) + " both live and in a stream cache");
         check_memory(b.ptr, b.size, b.slab, b.block);
       });
     });
     const int all = int(Pool::kAll);
-    if (stats_.allocation[all].current != count || stats_.allocated_bytes[all].current != bytes ||
-        stats_.requested_bytes[all].current != requested)
-      throw std::logic_error("cuarena invariant violated: statistics disagree with live blocks");
-    if (stats_.active[all].current != count + std::int64_t(pending_.size()))
-      throw std::logic_error("cuarena invariant violated: active count disagrees");
-    if (stats_.reserved_bytes[int(Pool::kSmall)].current != std::int64_t(slabs_.slab_bytes()))
-      throw std::logic_error("cuarena invariant violated: small_pool reserved != slab bytes");
+    CUARENA_CHECK(stats_.allocation[all].current == count &&
+                      stats_.allocated_bytes[all].current == bytes &&
+                      stats_.requested_bytes[all].current == requested,
+                  "statistics disagree with live blocks");
+    CUARENA_CHECK(stats_.active[all].current == count + std::int64_t(pending_.size()),
+                  "active count disagrees");
+    CUARENA_CHECK(
+        stats_.reserved_bytes[int(Pool::kSmall)].current == std::int64_t(slabs_.slab_bytes()),
+        "small_pool reserved != slab bytes");
   }
 
  private:
+  /// What the device lock guards alone: the pool's and the slabs' structures. The live table and
+  /// the stream caches change outside it, so only check_invariants() (no call in flight) looks
+  /// at them. Caller holds mu_.
+  void check_structures() const {
+    pool_.check_invariants();
+    slabs_.check_invariants();
+  }
+
   struct PendingFree {
     DevicePtr ptr;
     LiveBlock live;
@@ -396,8 +414,10 @@ class Allocator::Impl {
   bool return_drained() {
     apply_deltas();
     for (const CachedBlock& b : drained_) {
-      if (b.slab) slabs_.deallocate(b.slab, b.ptr);
-      else pool_.deallocate(b.block);
+      if (b.slab)
+        slabs_.deallocate(b.slab, b.ptr);
+      else
+        pool_.deallocate(b.block);
     }
     const bool any = !drained_.empty();
     drained_.clear();
@@ -489,8 +509,10 @@ class Allocator::Impl {
 
   void sync_inactive() const {
     auto set = [](Stat& s, std::int64_t value) {
-      if (value > s.current) s.increase(value - s.current);
-      else if (value < s.current) s.decrease(s.current - value);
+      if (value > s.current)
+        s.increase(value - s.current);
+      else if (value < s.current)
+        s.decrease(s.current - value);
     };
     for (int p : {int(Pool::kAll), int(Pool::kSmall), int(Pool::kLarge)}) {
       set(stats_.inactive_split_bytes[p],
@@ -509,7 +531,7 @@ class Allocator::Impl {
   detail::SlabArena slabs_;
   mutable detail::LiveTable live_;
   detail::StreamCaches caches_;
-  std::vector<CachedBlock> drained_;  // drain scratch, under mu_; empty between calls
+  std::vector<CachedBlock> drained_;                // drain scratch, under mu_; empty between calls
   mutable std::vector<detail::CacheDelta> deltas_;  // fold scratch, under mu_; empty between calls
   std::vector<PendingFree> pending_;
 };
@@ -537,9 +559,7 @@ std::optional<Allocator::BlockInfo> Allocator::find(const void* ptr) const {
 }
 std::vector<Allocator::SegmentInfo> Allocator::segments() const { return impl_->segments(); }
 Allocator::Fragmentation Allocator::fragmentation() const { return impl_->fragmentation(); }
-Allocator::MemoryBreakdown Allocator::memory_breakdown() const {
-  return impl_->memory_breakdown();
-}
+Allocator::MemoryBreakdown Allocator::memory_breakdown() const { return impl_->memory_breakdown(); }
 void Allocator::check_invariants() const { impl_->check_invariants(); }
 
 }  // namespace cuarena

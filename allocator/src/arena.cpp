@@ -1,34 +1,30 @@
 #include "arena.hpp"
 
-#include <stdexcept>
+#include "assert.hpp"
 
 namespace cuarena::detail {
 
 void Arena::set(std::size_t g, PhysRef p) {
-  if (segment_) throw std::logic_error("cuarena: mapping into a segment arena");
+  CUARENA_ASSERT(!segment_, "mapping into a segment arena");
   if (g >= phys_.size()) {
     phys_.resize(g + 1);
     dormant_.resize(g + 1);
   }
-  if (phys_[g].valid()) throw std::logic_error("cuarena: arena granule mapped twice");
+  CUARENA_ASSERT(!phys_[g].valid(), "arena granule mapped twice");
   phys_[g] = p;
-  ++mapped_count_;
 }
 
 void Arena::clear(std::size_t g) {
-  if (segment_) throw std::logic_error("cuarena: unmapping from a segment arena");
-  if (!has_mapping(g)) throw std::logic_error("cuarena: arena granule unmapped twice");
-  if (!dormant_[g]) --mapped_count_;
+  CUARENA_ASSERT(!segment_, "unmapping from a segment arena");
+  CUARENA_ASSERT(has_mapping(g), "arena granule unmapped twice");
   phys_[g] = PhysRef{};
   dormant_[g] = false;
 }
 
 void Arena::set_dormant(std::size_t g, bool dormant) {
-  if (!has_mapping(g) || dormant_[g] == dormant)
-    throw std::logic_error("cuarena: arena granule's mapping is not in the state left");
+  CUARENA_ASSERT(has_mapping(g) && dormant_[g] != dormant,
+                 "arena granule's mapping is not in the state left");
   dormant_[g] = dormant;
-  if (dormant) --mapped_count_;
-  else ++mapped_count_;
 }
 
 std::size_t Arena::count_unmapped(std::size_t first, std::size_t last) const {

@@ -4,8 +4,8 @@
 // Invariant kept here: `phys_[g]` names the physical granule mapped at virtual granule g (chunk
 // 0 = nothing mapped). A mapping is *active* (memory of the block there) or *dormant*: still
 // mapped in the driver, but its physical granule has moved on to back another address, and
-// may come back here with no driver call once it is idle again. `mapped_count_` counts active
-// mappings. The arena records; BlockPool decides and calls the backend.
+// may come back here with no driver call once it is idle again. The arena records; BlockPool
+// decides and calls the backend.
 //
 // A *segment* arena (segment backends: cudaMalloc, cudaMallocAsync) is backed whole from birth
 // to release: every granule counts as mapped, with no PhysRef, and set/clear are errors.
@@ -34,9 +34,7 @@ class Arena {
 
   DevicePtr base() const { return base_; }
   std::size_t size() const { return size_; }
-  std::size_t granule() const { return granule_; }
   bool segment() const { return segment_; }
-  std::size_t mapped_count() const { return segment_ ? size_ / granule_ : mapped_count_; }
   /// One past the highest granule index ever mapped: scans stop here.
   std::size_t high_water() const { return segment_ ? size_ / granule_ : phys_.size(); }
 
@@ -91,7 +89,6 @@ class Arena {
   std::vector<PhysRef> phys_;
   std::vector<bool> dormant_;
   std::vector<FreeStamp> stamps_;
-  std::size_t mapped_count_ = 0;
 };
 
 }  // namespace cuarena::detail

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "tuning.hpp"
+
 namespace cuarena::detail {
 
 namespace {
@@ -62,7 +64,7 @@ Block* BlockPool::new_arena(std::size_t min_size, StreamId stream) {
   const std::size_t g = ctx_.granule;
   if (segments_) return new_segment(min_size, stream);
   std::size_t bytes = ctx_.config.va_reserve;
-  if (bytes == 0) bytes = 4 * ctx_.backend.capacity();
+  if (bytes == 0) bytes = tuning::kVaReserveFactor * ctx_.backend.capacity();
   bytes = round_up(std::max(bytes, min_size), g);
   const DevicePtr base = ctx_.backend.reserve_address(bytes);
   arenas_.push_back(std::make_unique<Arena>(base, bytes, g));
@@ -74,9 +76,10 @@ Block* BlockPool::new_segment(std::size_t min_size, StreamId stream) {
   // for requests up to 1 MiB (slabs), ten for requests under 10 MiB, so mid-size requests share
   // segments; larger requests get a segment of their own size. Near the limit, only the size.
   const std::size_t g = ctx_.granule;
-  std::size_t bytes = min_size <= (std::size_t{1} << 20)   ? g
-                      : min_size < (std::size_t{10} << 20) ? 10 * g
-                                                           : 0;
+  std::size_t bytes = min_size <= tuning::kSmallSegmentRequest ? g
+                      : min_size < tuning::kMediumSegmentRequest
+                          ? tuning::kMediumSegmentGranules * g
+                          : 0;
   bytes = std::max(bytes, round_up(min_size, g));
   if (ctx_.reserved() + bytes > ctx_.limit) bytes = round_up(min_size, g);
   if (ctx_.reserved() + bytes > ctx_.limit) return nullptr;
@@ -245,12 +248,12 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
 }
 
 Block* BlockPool::best_fit(StreamPool& sp, std::size_t size) {
-  // The few smallest fits, in (size, address) order over the stream's own blocks and the shared
-  // ones merged, as one index would give them: the first that needs no driver call wins, else
+  // The few smallest fits, by size over the stream's own blocks and the shared ones merged (its
+  // own first on equal sizes), as one index would give them: the first that needs no driver call wins, else
   // the one missing fewest granules. A loop that found its mappings in place finds them there
   // again, and whether a block is still owned or already shared changes nothing (measured:
   // docs/results.md, 2026-12-02).
-  const int candidates = kBackedFitCandidates;
+  const int candidates = tuning::kBackedFitCandidates;
   auto own = sp.free.lower_bound(size);
   auto shared = shared_free_.lower_bound(size);
   Block* best = nullptr;
@@ -259,7 +262,8 @@ Block* BlockPool::best_fit(StreamPool& sp, std::size_t size) {
     const bool own_left = own != sp.free.end(), shared_left = shared != shared_free_.end();
     if (!own_left && !shared_left) break;
     Block* c = nullptr;
-    if (own_left && (!shared_left || BySize{}(*own, *shared)))
+    // Equal sizes: the stream's own block first (it needs no event to be reused).
+    if (own_left && (!shared_left || (*own)->size <= (*shared)->size))
       c = *own++;
     else
       c = *shared++;
@@ -489,7 +493,7 @@ bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
   const std::size_t min_run =
       ctx_.config.whole_chunk_min == 0 || !roomy
           ? SIZE_MAX
-          : std::max<std::size_t>(2, ctx_.config.whole_chunk_min / ctx_.granule);
+          : std::max(tuning::kMinWholeRunGranules, ctx_.config.whole_chunk_min / ctx_.granule);
   std::vector<std::pair<std::size_t, std::size_t>> runs;  // [begin, end) into `unfilled`
   std::vector<std::size_t> singles;
   for (std::size_t i = 0; i < unfilled.size();) {
@@ -510,10 +514,9 @@ bool BlockPool::create_fresh(const std::vector<std::size_t>& holes,
   // least 32 MiB), becomes equal pieces: a chunk partly under a live block cannot move, so
   // smaller pieces strand less memory, and a small workload gets small chunks (sim
   // bert_varlen_infer: 1.35 -> 1.22).
-  constexpr std::size_t kReservedShare = 16;
-  constexpr std::size_t kSmallestCap = std::size_t{32} << 20;
   std::size_t cap = ctx_.config.whole_chunk_max == 0 ? SIZE_MAX : ctx_.config.whole_chunk_max;
-  cap = std::min(cap, std::max(kSmallestCap, ctx_.reserved() / kReservedShare));
+  cap = std::min(
+      cap, std::max(tuning::kWholeChunkMinCap, ctx_.reserved() / tuning::kWholeChunkReservedShare));
   const std::size_t max_run = cap == SIZE_MAX ? SIZE_MAX : std::max(min_run, cap / ctx_.granule);
   for (const auto& [run_begin, run_end] : runs) {
     const std::size_t len = run_end - run_begin, pieces = len / max_run + (len % max_run != 0);
@@ -542,7 +545,6 @@ void BlockPool::map_granules(Arena& a, const std::vector<std::size_t>& granules,
   // range, so every granule between two of them is mapped already, by mappings lying wholly
   // between them. A grant's cost barely grows with its size (~40 us for 2 MiB, ~85 us for
   // 2 GiB on an H200), so runs far apart get their own.
-  constexpr std::size_t kMaxAccessGap = 64;  // granules
   std::size_t span_begin = 0, span_end = 0;  // granules of the pending grant; empty if equal
   auto grant = [&] {
     if (span_end == span_begin) return;
@@ -556,7 +558,7 @@ void BlockPool::map_granules(Arena& a, const std::vector<std::size_t>& granules,
            phys[j].chunk == phys[i].chunk && phys[j].offset == phys[j - 1].offset + 1)
       ++j;
     const std::size_t count = j - i;
-    if (span_end != span_begin && granules[i] - span_end > kMaxAccessGap) grant();
+    if (span_end != span_begin && granules[i] - span_end > tuning::kMaxAccessGapGranules) grant();
     ctx_.backend.map_no_access(a.granule_addr(granules[i]), count * ctx_.granule,
                                phys_.handle(phys[i].chunk),
                                std::size_t(phys[i].offset) * ctx_.granule);
@@ -868,7 +870,7 @@ std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysR
 void BlockPool::start_sweep(StreamId stream, StreamPool& sp) {
   if (sp.fifo.empty() && sp.retired.empty()) return;
   if (!sp.sweeps.empty() && sp.sweeps.back().second == sp.seq) return;  // nothing new to cover
-  if (sp.sweeps.size() >= kMaxSweepsPerStream) {
+  if (sp.sweeps.size() >= tuning::kMaxSweepsPerStream) {
     // Full: the newest sweep is superseded by one that also covers the latest frees (the
     // older ones in flight still complete first).
     ctx_.backend.release_event(sp.sweeps.back().first);
@@ -1011,7 +1013,7 @@ void BlockPool::mapped_runs(std::vector<std::pair<DevicePtr, std::size_t>>& out)
         first = g;
         open = true;
       } else if (!mapped && open) {
-        out.emplace_back(a.granule_addr(first), (g - first) * a.granule());
+        out.emplace_back(a.granule_addr(first), (g - first) * ctx_.granule);
         open = false;
       }
     }

@@ -145,9 +145,6 @@ class BlockPool {
     /// Sweep events in flight, oldest first: (event, last free_seq it covers).
     std::deque<std::pair<EventId, std::uint64_t>> sweeps;
   };
-  static constexpr std::size_t kMaxSweepsPerStream = 4;
-  /// Fits best_fit() looks at for one that needs no driver call (the default's placement).
-  static constexpr int kBackedFitCandidates = 8;
 
   StreamPool& stream_pool(StreamId stream) {
     // Consecutive calls are mostly for one stream: skip the hash lookup then. (streams_ is a
@@ -181,7 +178,7 @@ class BlockPool {
   void stamp(const Block* b);
 
   /// Records a sweep on `stream` if frees since the newest one are uncovered; with
-  /// kMaxSweepsPerStream in flight, the new one replaces the newest.
+  /// tuning::kMaxSweepsPerStream in flight, the new one replaces the newest.
   void start_sweep(StreamId stream, StreamPool& sp);
   /// Retires the stream's completed sweeps (oldest first), sharing the blocks they cover.
   void poll_stream(StreamPool& sp);

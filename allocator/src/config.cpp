@@ -1,30 +1,30 @@
 #include "cuarena/config.hpp"
-#include "cuarena/types.hpp"
 
 #include <cctype>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
-#include <limits>
-#include <sstream>
 
 #include "cuarena/errors.hpp"
+#include "cuarena/types.hpp"
+#include "tuning.hpp"
 
 namespace cuarena {
 
 namespace {
 
-struct Entry {
-  std::string_view key;
-  std::string_view value;
-  std::size_t position;  // of the key, 0-based
-};
-
 std::string trim_copy(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   return std::string(s);
+}
+
+std::string_view trim_view(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
 }
 
 // A piece of the config text as a message quotes it: at most 200 characters, then "…" and the
@@ -34,15 +34,18 @@ std::string quoted(std::string_view s) {
   return std::string(s.substr(0, 200)) + "\u2026 (" + std::to_string(s.size()) + " characters)";
 }
 
-std::string valid_keys() {
+std::string valid_keys(const std::vector<ConfigTarget>& targets) {
   std::string out;
-  for (const auto& k : Config::keys()) out += (out.empty() ? "" : ", ") + k;
+  for (const ConfigTarget& t : targets) {
+    for (const std::string& k : t.keys) out += (out.empty() ? "" : ", ") + k;
+  }
   return out;
 }
 
 // Splits `key:value,key:value`, where a value may be a bracketed list containing commas.
-std::vector<Entry> split_entries(std::string_view text) {
-  std::vector<Entry> out;
+std::vector<ConfigItem> split_items(std::string_view text,
+                                    const std::vector<ConfigTarget>& targets) {
+  std::vector<ConfigItem> out;
   std::size_t i = 0;
   while (i < text.size()) {
     const std::size_t start = i;
@@ -53,8 +56,8 @@ std::vector<Entry> split_entries(std::string_view text) {
       ++i;
     }
     if (depth != 0) {
-      throw ConfigError("cuarena config: unbalanced '[' or ']' at position " +
-                        std::to_string(i) + " in \"" + quoted(text) + "\"");
+      throw ConfigError("cuarena config: unbalanced '[' or ']' at position " + std::to_string(i) +
+                        " in \"" + quoted(text) + "\"");
     }
     std::string_view item = text.substr(start, i - start);
     if (i < text.size()) ++i;  // the comma
@@ -66,150 +69,163 @@ std::vector<Entry> split_entries(std::string_view text) {
     if (colon == std::string_view::npos) {
       throw ConfigError("cuarena config: expected key:value at position " +
                         std::to_string(start + lead) + ", got \"" + quoted(item) +
-                        "\"; valid keys: " + valid_keys());
+                        "\"; valid keys: " + valid_keys(targets));
     }
-    out.push_back({item.substr(0, colon), item.substr(colon + 1), start + lead});
+    out.push_back({trim_view(item.substr(0, colon)), item.substr(colon + 1), start + lead});
   }
   return out;
 }
 
-[[noreturn]] void bad_value(const Entry& e, std::string_view expected) {
-  throw ConfigError("cuarena config: bad value \"" + quoted(trim_copy(e.value)) + "\" for key '" +
-                    quoted(trim_copy(e.key)) + "' at position " + std::to_string(e.position) +
-                    ": expected " + std::string(expected));
+}  // namespace
+
+std::string ConfigItem::text() const { return trim_copy(value); }
+
+void ConfigItem::bad(std::string_view expected) const {
+  throw ConfigError("cuarena config: bad value \"" + quoted(text()) + "\" for key '" + quoted(key) +
+                    "' at position " + std::to_string(position) + ": expected " +
+                    std::string(expected));
 }
 
-double parse_double(const Entry& e, double lo, double hi, bool lo_open) {
-  const std::string v = trim_copy(e.value);
+void parse_config(std::string_view text, const std::vector<ConfigTarget>& targets) {
+  for (const ConfigItem& item : split_items(text, targets)) {
+    bool found = false;
+    for (const ConfigTarget& t : targets) {
+      if ((found = t.set(item))) break;
+    }
+    if (!found) {
+      throw ConfigError("cuarena config: unknown key '" + quoted(item.key) + "' at position " +
+                        std::to_string(item.position) + "; valid keys: " + valid_keys(targets));
+    }
+  }
+}
+
+std::size_t read_size(const ConfigItem& item, std::size_t lo, std::size_t hi, bool pow2) {
+  std::size_t n = 0;
+  try {
+    n = parse_size(item.text(), item.key);
+  } catch (const ConfigError&) {
+    item.bad(size_values(lo, hi, pow2) + " (bytes, or with a unit: 512KiB, 2MiB, 80GiB, 80GB)");
+  }
+  if (n < lo || n > hi || (pow2 && (n & (n - 1)) != 0)) item.bad(size_values(lo, hi, pow2));
+  return n;
+}
+
+std::uint64_t read_uint(const ConfigItem& item, std::uint64_t lo, std::uint64_t hi) {
+  const std::string v = item.text();
+  char* end = nullptr;
+  const bool digits = !v.empty() && std::isdigit(static_cast<unsigned char>(v[0]));
+  errno = 0;
+  const unsigned long long n = digits ? std::strtoull(v.c_str(), &end, 10) : 0;
+  if (!digits || *end != '\0' || errno == ERANGE || n < lo || n > hi)
+    item.bad("an integer from " + std::to_string(lo) + " to " + std::to_string(hi));
+  return n;
+}
+
+double read_real(const ConfigItem& item, double lo, double hi, bool lo_open) {
+  const std::string v = item.text();
   char* end = nullptr;
   const double d = v.empty() ? NAN : std::strtod(v.c_str(), &end);
   if (v.empty() || *end != '\0' || !std::isfinite(d) || d > hi || d < lo || (lo_open && d == lo)) {
-    std::ostringstream want;
-    want << "a number in " << (lo_open ? "(" : "[") << lo << ", " << hi << "]";
-    bad_value(e, want.str());
+    item.bad("a number in " + std::string(lo_open ? "(" : "[") + real_text(lo) + ", " +
+             real_text(hi) + "]");
   }
   return d;
 }
 
-std::uint64_t parse_uint(const Entry& e, std::uint64_t lo, std::uint64_t hi) {
-  const std::string v = trim_copy(e.value);
-  char* end = nullptr;
-  const bool digits = !v.empty() && std::isdigit(static_cast<unsigned char>(v[0]));
-  const unsigned long long n = digits ? std::strtoull(v.c_str(), &end, 10) : 0;
-  if (!digits || *end != '\0' || n < lo || n > hi) {
-    bad_value(e, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  return n;
+bool read_bool(const ConfigItem& item) {
+  const std::string v = item.text();
+  if (v == "True" || v == "true") return true;
+  if (v == "False" || v == "false") return false;
+  item.bad("True or False");
 }
 
-std::size_t parse_size_entry(const Entry& e) {
-  try {
-    return parse_size(trim_copy(e.value), trim_copy(e.key));
-  } catch (const ConfigError&) {
-    bad_value(e, "a size in bytes such as 1048576, 512KiB, 2MiB or 80GiB");
+std::string size_text(std::size_t bytes) {
+  static const std::pair<std::size_t, const char*> units[] = {
+      {std::size_t{1} << 40, "TiB"}, {GiB, "GiB"}, {MiB, "MiB"}, {KiB, "KiB"}};
+  for (const auto& [unit, name] : units) {
+    if (bytes != 0 && bytes % unit == 0) return std::to_string(bytes / unit) + name;
   }
+  return std::to_string(bytes);
 }
 
-using Setter = std::function<void(Config&, const Entry&)>;
+std::string real_text(double value) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);
+  return ec == std::errc{} ? std::string(buf, end) : std::to_string(value);
+}
 
-const std::vector<std::pair<std::string, Setter>>& setters() {
-  static const std::vector<std::pair<std::string, Setter>> table = {
-      {"small_limit", [](Config& c, const Entry& e) { c.small_limit = parse_size_entry(e); }},
-      {"size_classes_per_doubling",
-       [](Config& c, const Entry& e) { c.size_classes_per_doubling = unsigned(parse_uint(e, 1, 64)); }},
-      {"slab_size", [](Config& c, const Entry& e) { c.slab_size = parse_size_entry(e); }},
-      {"defrag_threshold",
-       [](Config& c, const Entry& e) { c.defrag_threshold = parse_double(e, 0.0, 1.0, false); }},
-      {"cache_slack",
-       [](Config& c, const Entry& e) { c.cache_slack = parse_double(e, 0.0, 10.0, false); }},
-      {"whole_chunk_min", [](Config& c, const Entry& e) { c.whole_chunk_min = parse_size_entry(e); }},
-      {"whole_chunk_max", [](Config& c, const Entry& e) { c.whole_chunk_max = parse_size_entry(e); }},
-      {"whole_chunk_fraction",
-       [](Config& c, const Entry& e) { c.whole_chunk_fraction = parse_double(e, 0.0, 1.0, false); }},
-      {"dormant_maps",
-       [](Config& c, const Entry& e) { c.dormant_maps = unsigned(parse_uint(e, 0, 64)); }},
-      {"per_process_memory_fraction",
-       [](Config& c, const Entry& e) {
-         c.per_process_memory_fraction = parse_double(e, 0.0, 1.0, true);
-       }},
-      {"stream_alias",
-       [](Config& c, const Entry& e) {
-         const std::string v = trim_copy(e.value);
-         if (v == "True" || v == "true") c.stream_alias = true;
-         else if (v == "False" || v == "false") c.stream_alias = false;
-         else bad_value(e, "True or False");
-       }},
-      {"stream_cache_bytes",
-       [](Config& c, const Entry& e) { c.stream_cache_bytes = parse_size_entry(e); }},
-      {"sweep_interval",
-       [](Config& c, const Entry& e) { c.sweep_interval = std::uint32_t(parse_uint(e, 1, 1u << 20)); }},
-      {"va_reserve",
-       [](Config& c, const Entry& e) {
-         c.va_reserve = parse_size_entry(e);
-         if (c.va_reserve > 4 * kMaxDeviceBytes) bad_value(e, "at most 64TiB of address space");
-       }},
-      {"upstream",
-       [](Config& c, const Entry& e) {
-         const std::string v = trim_copy(e.value);
-         if (v == "vmm") c.upstream = Upstream::kVmm;
-         else if (v == "async") c.upstream = Upstream::kAsync;
-         else if (v == "malloc") c.upstream = Upstream::kMalloc;
-         else bad_value(e, "one of vmm, async, malloc");
-       }},
-      {"sim_event_latency",
-       [](Config& c, const Entry& e) { c.sim_event_latency = parse_uint(e, 0, 1u << 30); }},
-      {"sim_capacity",
-       [](Config& c, const Entry& e) {
-         c.sim_capacity = parse_size_entry(e);
-         if (c.sim_capacity > kMaxDeviceBytes) bad_value(e, "a device size of at most 16TiB");
-       }},
-      {"sim_granularity",
-       [](Config& c, const Entry& e) {
-         // Devices map in granules of 64 KiB (older GPUs) to 2 MiB; smaller ones would make the
-         // simulator's per-granule tables huge for nothing.
-         const std::size_t g = parse_size_entry(e);
-         if (g < 64 * KiB || g > 1 * GiB || (g & (g - 1)) != 0)
-           bad_value(e, "a power of two from 64KiB to 1GiB");
-         c.sim_granularity = g;
-       }},
+std::string size_values(std::size_t lo, std::size_t hi, bool pow2) {
+  const std::string what = pow2 ? "a power of two" : "a size";
+  if (hi == kNoSizeLimit) return lo == 0 ? what : what + " of at least " + size_text(lo);
+  if (lo == 0) return what + " up to " + size_text(hi);
+  return what + " from " + size_text(lo) + " to " + size_text(hi);
+}
+
+const ConfigTable<Config>& Config::table() {
+  using C = Config;
+  static const ConfigTable<Config> rows = {
+      size_key("small_limit", &C::small_limit, kMinBlockSize, 256 * MiB,
+               "requests up to this size come from size-class slabs"),
+      uint_key("size_classes_per_doubling", &C::size_classes_per_doubling, 1, 64,
+               "size classes per power of two (512 B multiples)"),
+      size_key("slab_size", &C::slab_size, 0, 1 * GiB,
+               "target bytes per slab (slabs share granules with their neighbours)"),
+      real_key("defrag_threshold", &C::defrag_threshold, 0.0, 1.0, false,
+               "fraction of the limit below which a miss takes new memory; above it, cached "
+               "granules are reused first (0: always reuse first)"),
+      real_key("cache_slack", &C::cache_slack, 0.0, 10.0, false,
+               "cached memory allowed above the peak of allocated bytes before cached granules "
+               "are moved instead of growing: trades memory for time"),
+      real_key("per_process_memory_fraction", &C::per_process_memory_fraction, 0.0, 1.0, true,
+               "fraction of the device cuarena may hold"),
+      bool_key("stream_alias", &C::stream_alias,
+               "let a stream reuse its own freed granules at once by mapping them at the new "
+               "address too"),
+      size_key("stream_cache_bytes", &C::stream_cache_bytes, 0, kNoSizeLimit,
+               "most bytes each stream's cache may hold: a free that finds the device lock taken "
+               "by another thread parks its block there, and that stream's next allocation of "
+               "the same size takes it without the lock (0: no caches; peaks may under-read by "
+               "at most this much per stream while threads contend)"),
+      uint_key("sweep_interval", &C::sweep_interval, 1, std::uint64_t{1} << 20,
+               "frees on a stream between checks of its sweep event"),
+      size_key("va_reserve", &C::va_reserve, 0, 4 * kMaxDeviceBytes,
+               "virtual bytes per arena (0: " + std::to_string(detail::tuning::kVaReserveFactor) +
+                   "x the device)"),
+      size_key("whole_chunk_min", &C::whole_chunk_min, 0, kNoSizeLimit,
+               "fresh runs of at least this many bytes become whole chunks: one driver "
+               "allocation each, moved only whole (0: memory first, every granule its own "
+               "allocation; see Results)"),
+      size_key("whole_chunk_max", &C::whole_chunk_max, 0, kNoSizeLimit,
+               "largest whole chunk (also at most 1/" +
+                   std::to_string(detail::tuning::kWholeChunkReservedShare) +
+                   " of the memory already reserved, when that is over " +
+                   size_text(detail::tuning::kWholeChunkMinCap) +
+                   "); longer runs are cut into equal chunks (0: only the 1/" +
+                   std::to_string(detail::tuning::kWholeChunkReservedShare) + " rule)"),
+      real_key("whole_chunk_fraction", &C::whole_chunk_fraction, 0.0, 1.0, false,
+               "whole chunks are made only while reserved memory stays below this fraction of "
+               "the limit; past it, single granules"),
+      uint_key("dormant_maps", &C::dormant_maps, 0, 64,
+               "old mappings a moved granule keeps (dormant), so its old address takes it back "
+               "with no driver call; 0: unmap at once"),
+      choice_key(
+          "upstream", &C::upstream,
+          {{"vmm", Upstream::kVmm}, {"async", Upstream::kAsync}, {"malloc", Upstream::kMalloc}},
+          "physical memory source: `vmm` (mapping, default), `async` (`cudaMallocAsync` "
+          "segments from a private pool), `malloc` (`cudaMalloc` segments); the simulator "
+          "models `async`/`malloc` as segments"),
   };
-  return table;
+  return rows;
 }
-
-}  // namespace
 
 const std::vector<std::string>& Config::keys() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> out;
-    for (const auto& [name, setter] : setters()) out.push_back(name);
-    return out;
-  }();
+  static const std::vector<std::string> names = ConfigTarget::key_names(table());
   return names;
 }
 
 Config Config::parse(std::string_view text) {
   Config c;
-  for (const Entry& e : split_entries(text)) {
-    const std::string key = trim_copy(e.key);
-    bool found = false;
-    for (const auto& [name, setter] : setters()) {
-      if (name == key) {
-        setter(c, e);
-        found = true;
-        break;
-      }
-    }
-    if (!found) {
-      throw ConfigError("cuarena config: unknown key '" + quoted(key) + "' at position " +
-                        std::to_string(e.position) + "; valid keys: " + valid_keys());
-    }
-  }
-  if (c.small_limit < 512 || c.small_limit > (std::size_t{256} << 20)) {
-    throw ConfigError("cuarena config: small_limit must be between 512 bytes and 256 MiB");
-  }
-  if (c.slab_size > (std::size_t{1} << 30)) {
-    throw ConfigError("cuarena config: slab_size must be at most 1 GiB");
-  }
+  parse_config(text, {ConfigTarget(table(), c)});
   return c;
 }
 
@@ -218,22 +234,7 @@ Config Config::from_env() {
   return text ? parse(text) : Config{};
 }
 
-std::string Config::to_string() const {
-  std::ostringstream out;
-  out.precision(17);
-  out << "small_limit:" << small_limit << ",size_classes_per_doubling:" << size_classes_per_doubling
-      << ",slab_size:" << slab_size << ",defrag_threshold:" << defrag_threshold
-      << ",cache_slack:" << cache_slack << ",whole_chunk_min:" << whole_chunk_min
-      << ",whole_chunk_max:" << whole_chunk_max << ",whole_chunk_fraction:" << whole_chunk_fraction
-      << ",dormant_maps:" << dormant_maps
-      << ",per_process_memory_fraction:" << per_process_memory_fraction
-      << ",stream_alias:" << (stream_alias ? "True" : "False")
-      << ",stream_cache_bytes:" << stream_cache_bytes
-      << ",sweep_interval:" << sweep_interval << ",va_reserve:" << va_reserve << ",upstream:" << cuarena::to_string(upstream)
-      << ",sim_event_latency:" << sim_event_latency << ",sim_capacity:" << sim_capacity
-      << ",sim_granularity:" << sim_granularity;
-  return out.str();
-}
+std::string Config::to_string() const { return config_string(table(), *this); }
 
 std::size_t parse_size(std::string_view text, std::string_view what) {
   const std::string v = trim_copy(text);
@@ -250,10 +251,16 @@ std::size_t parse_size(std::string_view text, std::string_view what) {
   // SI units are powers of 1000 (80GB = 80e9 bytes), IEC units powers of 1024 (80GiB = 80 *
   // 2^30), as storage vendors and nvidia-smi use them; anything else is refused rather than
   // guessed (a lower-case or one-letter unit is ambiguous).
-  static const std::vector<std::pair<std::string, double>> units = {
-      {"", 1.0},     {"B", 1.0},      {"KB", 1e3},           {"MB", 1e6},
-      {"GB", 1e9},   {"TB", 1e12},    {"KiB", 1024.0},       {"MiB", 1048576.0},
-      {"GiB", 1073741824.0},          {"TiB", 1099511627776.0}};
+  static const std::vector<std::pair<std::string, double>> units = {{"", 1.0},
+                                                                    {"B", 1.0},
+                                                                    {"KB", 1e3},
+                                                                    {"MB", 1e6},
+                                                                    {"GB", 1e9},
+                                                                    {"TB", 1e12},
+                                                                    {"KiB", 1024.0},
+                                                                    {"MiB", 1048576.0},
+                                                                    {"GiB", 1073741824.0},
+                                                                    {"TiB", 1099511627776.0}};
   double scale = 0;
   for (const auto& [name, factor] : units) {
     if (name == unit) scale = factor;
@@ -280,8 +287,10 @@ std::string format_bytes(std::size_t bytes) {
     ++u;
   }
   char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
   return buf;
 }
 

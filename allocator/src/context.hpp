@@ -17,11 +17,15 @@ namespace cuarena::detail {
 inline void count_allocations(Stats& stats, Pool pool, std::int64_t n, std::int64_t bytes,
                               std::int64_t requested) {
   for (int p : {int(Pool::kAll), int(pool)}) {
-    for (auto [stat, amount] : {std::pair{&stats.allocation[p], n}, {&stats.active[p], n},
-                                {&stats.allocated_bytes[p], bytes}, {&stats.active_bytes[p], bytes},
+    for (auto [stat, amount] : {std::pair{&stats.allocation[p], n},
+                                {&stats.active[p], n},
+                                {&stats.allocated_bytes[p], bytes},
+                                {&stats.active_bytes[p], bytes},
                                 {&stats.requested_bytes[p], requested}}) {
-      if (amount >= 0) stat->increase(amount);
-      else stat->decrease(-amount);
+      if (amount >= 0)
+        stat->increase(amount);
+      else
+        stat->decrease(-amount);
     }
   }
 }
@@ -30,9 +34,9 @@ struct Context {
   DeviceBackend& backend;
   const Config& config;
   Stats& stats;
-  std::size_t granule;      ///< backend.granularity()
-  std::size_t limit;        ///< most physical bytes that may be held at once
-  std::size_t soft_limit;   ///< above this, reuse cached granules before creating new ones
+  std::size_t granule;     ///< backend.granularity()
+  std::size_t limit;       ///< most physical bytes that may be held at once
+  std::size_t soft_limit;  ///< above this, reuse cached granules before creating new ones
 
   void add_reserved(Pool pool, std::int64_t bytes) {
     auto& r = stats.reserved_bytes;

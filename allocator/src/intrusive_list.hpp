@@ -2,7 +2,7 @@
 // several lists at once through different Link members.
 #pragma once
 
-#include <cassert>
+#include "assert.hpp"
 
 namespace cuarena::detail {
 
@@ -27,19 +27,31 @@ class IntrusiveList {
   /// Inserts `node` before `pos` (at the back when pos is nullptr).
   void insert_before(T* pos, T* node) {
     Link<T>& l = node->*L;
-    assert(!l.linked);
+    CUARENA_ASSERT_INTERNAL(!l.linked, "inserting a node already in a list");
     l.linked = true;
     l.next = pos;
     l.prev = pos ? (pos->*L).prev : tail_;
-    if (l.prev) (l.prev->*L).next = node; else head_ = node;
-    if (pos) (pos->*L).prev = node; else tail_ = node;
+    if (l.prev)
+      (l.prev->*L).next = node;
+    else
+      head_ = node;
+    if (pos)
+      (pos->*L).prev = node;
+    else
+      tail_ = node;
   }
 
   void erase(T* node) {
     Link<T>& l = node->*L;
-    assert(l.linked);
-    if (l.prev) (l.prev->*L).next = l.next; else head_ = l.next;
-    if (l.next) (l.next->*L).prev = l.prev; else tail_ = l.prev;
+    CUARENA_ASSERT_INTERNAL(l.linked, "erasing a node in no list");
+    if (l.prev)
+      (l.prev->*L).next = l.next;
+    else
+      head_ = l.next;
+    if (l.next)
+      (l.next->*L).prev = l.prev;
+    else
+      tail_ = l.prev;
     l = Link<T>{};
   }
 

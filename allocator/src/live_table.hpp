@@ -19,6 +19,7 @@
 
 #include "cuarena/types.hpp"
 #include "spin_lock.hpp"
+#include "tuning.hpp"
 
 namespace cuarena::detail {
 
@@ -27,17 +28,17 @@ struct Slab;
 
 /// One live allocation.
 struct LiveBlock {
-  std::size_t requested = 0;     ///< bytes asked for
-  std::size_t size = 0;          ///< bytes reserved for it (class size or 512-byte multiple)
-  StreamId stream = 0;           ///< allocation stream
-  Slab* slab = nullptr;          ///< small: its slab
-  Block* block = nullptr;        ///< large: its pool block
-  std::vector<StreamId> uses;    ///< other streams, from record_stream()
+  std::size_t requested = 0;   ///< bytes asked for
+  std::size_t size = 0;        ///< bytes reserved for it (class size or 512-byte multiple)
+  StreamId stream = 0;         ///< allocation stream
+  Slab* slab = nullptr;        ///< small: its slab
+  Block* block = nullptr;      ///< large: its pool block
+  std::vector<StreamId> uses;  ///< other streams, from record_stream()
 };
 
 class LiveTable {
  public:
-  static constexpr std::size_t kStripes = 256;
+  static constexpr std::size_t kStripes = tuning::kLiveTableStripes;
 
   void insert(DevicePtr ptr, LiveBlock&& rec) {
     Stripe& s = stripe(ptr);

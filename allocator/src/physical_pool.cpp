@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "assert.hpp"
+
 namespace cuarena::detail {
 
 PhysicalPool::~PhysicalPool() {
@@ -25,7 +27,7 @@ PhysRef PhysicalPool::take_idle() {
 void PhysicalPool::take(PhysRef p) {
   Chunk& c = chunks_.at(p.chunk);
   const std::uint32_t pos = c.idle_pos[p.offset];
-  if (pos == kNotIdle) throw std::logic_error("cuarena: taking a physical granule that is not idle");
+  CUARENA_ASSERT(pos != kNotIdle, "taking a physical granule that is not idle");
   const PhysRef last = idle_.back();
   idle_[pos] = last;
   chunks_.at(last.chunk).idle_pos[last.offset] = pos;
@@ -42,9 +44,10 @@ void PhysicalPool::put_idle(PhysRef p) {
 }
 
 namespace {
-void erase_mapping(std::vector<PhysicalPool::Mapping>& list, PhysicalPool::Mapping m, const char* what) {
+void erase_mapping(std::vector<PhysicalPool::Mapping>& list, PhysicalPool::Mapping m,
+                   const char* what) {
   auto it = std::find(list.begin(), list.end(), m);
-  if (it == list.end()) throw std::logic_error(std::string("cuarena: ") + what + " not recorded");
+  CUARENA_ASSERT(it != list.end(), std::string(what) + " not recorded");
   list.erase(it);
 }
 }  // namespace
@@ -104,8 +107,8 @@ bool PhysicalPool::drop_idle_whole(std::uint32_t chunk) {
 
 void PhysicalPool::take_whole(std::uint32_t chunk) {
   Chunk& c = chunks_.at(chunk);
-  if (!c.whole || !drop_idle_whole(chunk))
-    throw std::logic_error("cuarena: taking a whole chunk that is not idle");
+  const bool idle_whole = c.whole && drop_idle_whole(chunk);  // drops it: not inside the assert
+  CUARENA_CHECK(idle_whole, "taking a whole chunk that is not idle");
   c.idle = 0;
 }
 
@@ -128,8 +131,10 @@ void PhysicalPool::unmapped(PhysRef p, Mapping m) {
   auto& list = c.active[p.offset];
   erase_mapping(list, m, "unmapping an active mapping");
   if (!list.empty()) return;
-  if (!c.whole) put_idle(p);
-  else if (++c.idle == c.granules) add_idle_whole(p.chunk);
+  if (!c.whole)
+    put_idle(p);
+  else if (++c.idle == c.granules)
+    add_idle_whole(p.chunk);
 }
 
 std::size_t PhysicalPool::release_idle_chunks() {
@@ -148,7 +153,8 @@ std::size_t PhysicalPool::release_idle_chunks() {
     released += granules(id) * ctx_.granule;
     discard(id);
   }
-  for (std::uint32_t i = 0; i < idle_.size(); ++i) chunks_.at(idle_[i].chunk).idle_pos[idle_[i].offset] = i;
+  for (std::uint32_t i = 0; i < idle_.size(); ++i)
+    chunks_.at(idle_[i].chunk).idle_pos[idle_[i].offset] = i;
   return released;
 }
 
@@ -177,7 +183,8 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
     for (const auto& list : c.dormant) {
       dormant_listed += list.size();
       if (list.size() > ctx_.config.dormant_maps)
-        throw std::logic_error("cuarena invariant violated: more dormant mappings than dormant_maps");
+        throw std::logic_error(
+            "cuarena invariant violated: more dormant mappings than dormant_maps");
     }
   }
   if (dormant_listed != dormant_seen)
@@ -206,14 +213,16 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
         throw std::logic_error("cuarena invariant violated: physical granule map count wrong");
       chunk_idle += n == 0;
       if (!c.whole && (c.idle_pos[o] != kNotIdle) != (n == 0))
-        throw std::logic_error("cuarena invariant violated: idle position disagrees with map count");
+        throw std::logic_error(
+            "cuarena invariant violated: idle position disagrees with map count");
       if (c.idle_pos[o] != kNotIdle &&
           (c.idle_pos[o] >= idle_.size() || idle_[c.idle_pos[o]] != PhysRef{id, o}))
         throw std::logic_error("cuarena invariant violated: idle position is stale");
     }
     if (chunk_idle != c.idle)
       throw std::logic_error("cuarena invariant violated: chunk idle count wrong");
-    if (!c.whole) idle += chunk_idle;
+    if (!c.whole)
+      idle += chunk_idle;
     else if (chunk_idle != 0 && chunk_idle != c.granules)
       throw std::logic_error("cuarena invariant violated: a whole chunk partly mapped");
   }
@@ -221,11 +230,13 @@ void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
     throw std::logic_error("cuarena invariant violated: idle list disagrees with map counts");
   for (const auto& [id, c] : chunks_) {
     if (c.whole && (c.idle == c.granules) != (idle_whole_.count({c.granules, id}) == 1))
-      throw std::logic_error("cuarena invariant violated: idle whole chunks disagree with map counts");
+      throw std::logic_error(
+          "cuarena invariant violated: idle whole chunks disagree with map counts");
   }
   std::size_t idle_whole = 0;
   for (const auto& [granules, id] : idle_whole_) {
-    if (!chunks_.count(id)) throw std::logic_error("cuarena invariant violated: a released chunk is idle");
+    if (!chunks_.count(id))
+      throw std::logic_error("cuarena invariant violated: a released chunk is idle");
     idle_whole += granules;
   }
   if (idle_whole != idle_whole_granules_)

@@ -86,7 +86,9 @@ class PhysicalPool {
   void mapped(PhysRef p, Mapping m);
   void unmapped(PhysRef p, Mapping m);
   /// The active mappings of `p` (one, or two while an alias waits for its sweep).
-  const std::vector<Mapping>& active(PhysRef p) const { return chunks_.at(p.chunk).active[p.offset]; }
+  const std::vector<Mapping>& active(PhysRef p) const {
+    return chunks_.at(p.chunk).active[p.offset];
+  }
   /// Bookkeeping for a dormant mapping of `p` at `m` made or removed (the active-map count is
   /// the caller's to change through mapped()/unmapped()).
   void add_dormant(PhysRef p, Mapping m);
@@ -107,7 +109,7 @@ class PhysicalPool {
   struct Chunk {
     PhysHandle handle = 0;
     std::size_t granules = 0;
-    std::vector<std::uint32_t> idle_pos;  // per granule: index in idle_, or kNotIdle
+    std::vector<std::uint32_t> idle_pos;        // per granule: index in idle_, or kNotIdle
     std::vector<std::vector<Mapping>> dormant;  // per granule, oldest first
     std::vector<std::vector<Mapping>> active;   // per granule (kept for whole chunks too)
     std::size_t idle = 0;

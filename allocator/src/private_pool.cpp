@@ -7,10 +7,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "assert.hpp"
+
 namespace cuarena {
 
 namespace {
-[[noreturn]] void broken(const std::string& what) {
+// A caller broke allocate_at()'s contract (not an invariant of the pool: it is left unchanged).
+[[noreturn]] void misused(const std::string& what) {
   throw std::logic_error("cuarena PrivatePool: " + what);
 }
 
@@ -62,7 +65,8 @@ void* PrivatePool::allocate(std::size_t bytes, StreamId stream) {
   return reinterpret_cast<void*>(it->first);
 }
 
-// The smaller (size, address) of the best fits among `stream`'s own free blocks and the shared ones.
+// The smaller (size, address) of the best fits among `stream`'s own free blocks and the shared
+// ones.
 PrivatePool::Blocks::iterator PrivatePool::best_fit(std::size_t size, StreamId stream) {
   const std::pair<std::size_t, DevicePtr> key{size, 0};
   auto best = shared_.lower_bound(key);
@@ -172,8 +176,8 @@ void PrivatePool::share_free_blocks() {
     Block& b = it->second;
     if (b.allocated) continue;
     b.shared = true;
-    for (auto next = std::next(it); next != blocks_.end() && !next->second.allocated &&
-                                    next->second.segment == b.segment;) {
+    for (auto next = std::next(it);
+         next != blocks_.end() && !next->second.allocated && next->second.segment == b.segment;) {
       b.size += next->second.size;
       next = blocks_.erase(next);
     }
@@ -186,15 +190,15 @@ void PrivatePool::allocate_at(DevicePtr ptr, std::size_t bytes, std::size_t requ
   const std::string range = "[" + hex(ptr) + ", +" + std::to_string(bytes) + ")";
   if (ptr == 0 || bytes == 0 || ptr % kMinBlockSize != 0 || bytes % kMinBlockSize != 0 ||
       requested > bytes) {
-    broken("allocate_at " + range + " with requested " + std::to_string(requested) +
-           ": needs non-zero multiples of 512 and requested <= bytes");
+    misused("allocate_at " + range + " with requested " + std::to_string(requested) +
+            ": needs non-zero multiples of 512 and requested <= bytes");
   }
   auto it = blocks_.upper_bound(ptr);
-  if (it == blocks_.begin()) broken("allocate_at " + range + " is outside every segment");
+  if (it == blocks_.begin()) misused("allocate_at " + range + " is outside every segment");
   --it;
   const Block& b = it->second;
   if (b.allocated || ptr - it->first > b.size || bytes > b.size - (ptr - it->first)) {
-    broken("allocate_at " + range + " is not inside one free block");
+    misused("allocate_at " + range + " is not inside one free block");
   }
   unindex(it);
   if (ptr > it->first) {
@@ -279,8 +283,9 @@ void PrivatePool::check_invariants() const {
   DevicePtr previous_end = 0;
   auto it = blocks_.begin();
   for (const auto& [base, seg] : segments_) {
-    if (base < previous_end) broken("segment " + hex(base) + " overlaps the one below it");
-    if (seg.size == 0) broken("segment " + hex(base) + " is empty");
+    CUARENA_CHECK(base >= previous_end,
+                  "PrivatePool: segment " + hex(base) + " overlaps the one below it");
+    CUARENA_CHECK(seg.size != 0, "PrivatePool: segment " + hex(base) + " is empty");
     previous_end = base + seg.size;
     reserved += seg.size;
     DevicePtr cursor = base;
@@ -288,37 +293,44 @@ void PrivatePool::check_invariants() const {
     const Block* prev = nullptr;
     for (; it != blocks_.end() && it->second.segment == base; ++it) {
       const auto& [addr, b] = *it;
-      if (addr != cursor) broken("block " + hex(addr) + " does not start where its neighbour ends");
-      if (b.size == 0 || b.size % kMinBlockSize != 0) broken("block " + hex(addr) + " has a bad size");
+      CUARENA_CHECK(addr == cursor,
+                    "PrivatePool: block " + hex(addr) + " does not start where its neighbour ends");
+      CUARENA_CHECK(b.size != 0 && b.size % kMinBlockSize == 0,
+                    "PrivatePool: block " + hex(addr) + " has a bad size");
       cursor += b.size;
       if (b.allocated) {
-        if (b.requested > b.size) broken("block " + hex(addr) + " requested more than its size");
+        CUARENA_CHECK(b.requested <= b.size,
+                      "PrivatePool: block " + hex(addr) + " requested more than its size");
         ++seg_live;
         allocated += b.size;
         requested += b.requested;
       } else {
         ++free;
-        if (!in_index(b, addr)) {
-          broken("free block " + hex(addr) + " is missing from its owner's index");
-        }
-        if (prev != nullptr && !prev->allocated && same_owner(*prev, b)) {
-          broken("free block " + hex(addr) + " was not coalesced with its free neighbour");
-        }
+        CUARENA_CHECK(in_index(b, addr), "PrivatePool: free block " + hex(addr) +
+                                             " is missing from its owner's index");
+        CUARENA_CHECK(
+            prev == nullptr || prev->allocated || !same_owner(*prev, b),
+            "PrivatePool: free block " + hex(addr) + " was not coalesced with its free neighbour");
       }
       prev = &b;
     }
-    if (cursor != previous_end) broken("blocks do not tile segment " + hex(base));
-    if (seg_live != seg.live) broken("segment " + hex(base) + " miscounts its live blocks");
+    CUARENA_CHECK(cursor == previous_end, "PrivatePool: blocks do not tile segment " + hex(base));
+    CUARENA_CHECK(seg_live == seg.live,
+                  "PrivatePool: segment " + hex(base) + " miscounts its live blocks");
     live += seg_live;
   }
-  if (it != blocks_.end()) broken("block " + hex(it->first) + " lies outside its segment");
+  CUARENA_CHECK(it == blocks_.end(),
+                "PrivatePool: block " + hex(it->first) + " lies outside its segment");
   std::size_t indexed = shared_.size();
   for (const auto& [stream, set] : owned_) indexed += set.size();
-  if (indexed != free) broken("the free indexes hold blocks that are not free");
-  if (reserved != reserved_) broken("reserved_bytes differs from the sum of segment sizes");
-  if (allocated != allocated_) broken("allocated_bytes differs from the sum of live blocks");
-  if (requested != requested_) broken("requested_bytes differs from the sum of live requests");
-  if (live != live_) broken("live_blocks differs from the count of live blocks");
+  CUARENA_CHECK(indexed == free, "PrivatePool: the free indexes hold blocks that are not free");
+  CUARENA_CHECK(reserved == reserved_,
+                "PrivatePool: reserved_bytes differs from the sum of segment sizes");
+  CUARENA_CHECK(allocated == allocated_,
+                "PrivatePool: allocated_bytes differs from the sum of live blocks");
+  CUARENA_CHECK(requested == requested_,
+                "PrivatePool: requested_bytes differs from the sum of live requests");
+  CUARENA_CHECK(live == live_, "PrivatePool: live_blocks differs from the count of live blocks");
 }
 
 }  // namespace cuarena

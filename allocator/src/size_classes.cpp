@@ -8,7 +8,8 @@
 namespace cuarena {
 
 SizeClasses::SizeClasses(std::size_t small_limit, unsigned per_doubling) {
-  if (per_doubling == 0) throw ConfigError("cuarena config: size_classes_per_doubling must be >= 1");
+  if (per_doubling == 0)
+    throw ConfigError("cuarena config: size_classes_per_doubling must be >= 1");
   if (small_limit < kStep) throw ConfigError("cuarena config: small_limit must be >= 512 bytes");
   sizes_.push_back(kStep);
   while (sizes_.back() < small_limit) {

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "assert.hpp"
+
 namespace cuarena::detail {
 
 SlabArena::~SlabArena() {
@@ -128,12 +130,12 @@ void SlabArena::check_invariants() const {
       const ClassState& cs = classes[c];
       for (const Slab* s : cs.partial) {
         const std::string at = "slab at " + std::to_string(s->base());
-        if (s->stream != stream || s->cls != c) throw std::logic_error(at + ": filed wrongly");
-        if (!s->block->allocated) throw std::logic_error(at + ": its block is not allocated");
-        if (s->used + s->freed.size() != s->bumped || s->bumped > s->slots)
-          throw std::logic_error(at + ": slot counts disagree");
-        if (s->used == 0 || s->used == s->slots)
-          throw std::logic_error(at + ": in the partial list but empty or full");
+        CUARENA_CHECK(s->stream == stream && s->cls == c, at + ": filed wrongly");
+        CUARENA_CHECK(s->block->allocated, at + ": its block is not allocated");
+        CUARENA_CHECK(s->used + s->freed.size() == s->bumped && s->bumped <= s->slots,
+                      at + ": slot counts disagree");
+        CUARENA_CHECK(s->used != 0 && s->used != s->slots,
+                      at + ": in the partial list but empty or full");
       }
     }
   }

@@ -18,6 +18,7 @@
 
 #include "block_pool.hpp"
 #include "cuarena/size_classes.hpp"
+#include "tuning.hpp"
 
 namespace cuarena::detail {
 
@@ -25,13 +26,13 @@ struct Slab {
   Block* block = nullptr;
   StreamId stream = 0;
   std::uint32_t cls = 0;
-  std::size_t slot_size = 0;      ///< bytes
-  std::uint32_t slots = 0;        ///< at most kMaxSlots
-  std::uint32_t used = 0;         ///< slots currently allocated
-  std::uint32_t bumped = 0;       ///< slots [0, bumped) have been handed out at least once
+  std::size_t slot_size = 0;         ///< bytes
+  std::uint32_t slots = 0;           ///< at most kMaxSlots
+  std::uint32_t used = 0;            ///< slots currently allocated
+  std::uint32_t bumped = 0;          ///< slots [0, bumped) have been handed out at least once
   std::vector<std::uint32_t> freed;  ///< freed slot indices below `bumped`
-  static constexpr std::size_t kMaxSlots = std::size_t{1} << 24;
-  Link<Slab> all;                    ///< SlabArena::all_
+  static constexpr std::size_t kMaxSlots = tuning::kMaxSlabSlots;
+  Link<Slab> all;  ///< SlabArena::all_
   DevicePtr base() const { return block->addr; }
 };
 

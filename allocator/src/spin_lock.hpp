@@ -18,8 +18,10 @@ class SpinLock {
   void lock() noexcept {
     for (unsigned spins = 0; locked_.exchange(true, std::memory_order_acquire);) {
       while (locked_.load(std::memory_order_relaxed)) {  // wait without writing the line
-        if (++spins < 128) pause();
-        else std::this_thread::yield();
+        if (++spins < 128)
+          pause();
+        else
+          std::this_thread::yield();
       }
     }
   }

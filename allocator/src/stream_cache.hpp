@@ -28,6 +28,7 @@
 #include "cuarena/stats.hpp"
 #include "cuarena/types.hpp"
 #include "spin_lock.hpp"
+#include "tuning.hpp"
 
 namespace cuarena::detail {
 
@@ -36,9 +37,9 @@ struct Slab;
 
 struct CachedBlock {
   DevicePtr ptr = 0;
-  std::size_t size = 0;   ///< rounded bytes (class size, or the block's size)
-  Slab* slab = nullptr;   ///< small: its slab
-  Block* block = nullptr; ///< large: its pool block
+  std::size_t size = 0;    ///< rounded bytes (class size, or the block's size)
+  Slab* slab = nullptr;    ///< small: its slab
+  Block* block = nullptr;  ///< large: its pool block
   bool small() const { return slab != nullptr; }
 };
 
@@ -58,7 +59,7 @@ struct CacheDelta {
 
 class alignas(64) StreamCache {  // own cache lines: each is used by its stream's thread
  public:
-  static constexpr std::size_t kMaxBlocks = 64;
+  static constexpr std::size_t kMaxBlocks = tuning::kStreamCacheBlocks;
 
   explicit StreamCache(StreamId s) : stream(s) {}
   const StreamId stream;
@@ -90,7 +91,7 @@ class alignas(64) StreamCache {  // own cache lines: each is used by its stream'
   bool maybe_nonempty() const { return count_.load(std::memory_order_relaxed) != 0; }
 
  private:
-  SpinLock mu_;  // held for one short vector operation
+  SpinLock mu_;                      // held for one short vector operation
   std::vector<CachedBlock> blocks_;  // newest last
   std::size_t bytes_ = 0;
   CacheDelta delta_;
@@ -101,7 +102,7 @@ class alignas(64) StreamCache {  // own cache lines: each is used by its stream'
 /// The caches of one Allocator, by stream: lock-free lookup, creation under a mutex.
 class StreamCaches {
  public:
-  static constexpr std::size_t kSlots = 256;  ///< streams that get a cache; others go without
+  static constexpr std::size_t kSlots = tuning::kStreamCacheSlots;  ///< others go without
 
   /// The cache of `stream`, or nullptr when it has none. Lock-free.
   StreamCache* find(StreamId stream) const;

@@ -1,9 +1,9 @@
 // GPU tests: the VMM backend and the allocator on a real device. They skip, saying why, where no
 // CUDA device is present (CI); tools/gpu-test.sh runs them on the H200.
-#include <algorithm>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <random>
@@ -14,10 +14,10 @@
 #include "cuarena/cuda_allocators.hpp"
 #include "cuarena/cuda_segment_backends.hpp"
 #include "cuarena/cuda_vmm_backend.hpp"
-#include "cuarena/sim_backend.hpp"
 #include "cuarena/replay/gpu_replay.hpp"
-#include "gpu_verify.cuh"
 #include "cuarena/replay/replay.hpp"
+#include "cuarena/sim_backend.hpp"
+#include "gpu_verify.cuh"
 
 using namespace cuarena;
 using namespace cuarena::replay;
@@ -29,9 +29,10 @@ bool have_gpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-#define REQUIRE_GPU()                                                                    \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device here: GPU tests run on the H200 "     \
-                                   "(tools/gpu-test.sh)"
+#define REQUIRE_GPU()                                               \
+  if (!have_gpu())                                                  \
+  GTEST_SKIP() << "no CUDA device here: GPU tests run on the H200 " \
+                  "(tools/gpu-test.sh)"
 
 void ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
@@ -75,8 +76,8 @@ TEST(CudaVmmBackend, OneAccessGrantCoversSeveralRunsAndTheMappingsBetween) {
   const PhysHandle whole = b.create_whole_physical(2 * g);
   ASSERT_NE(singles, 0u);
   ASSERT_NE(whole, 0u);
-  b.map(va + 2 * g, 2 * g, whole, 0);          // already there, accessible
-  b.map_no_access(va, 2 * g, singles, 0);       // new run before it
+  b.map(va + 2 * g, 2 * g, whole, 0);              // already there, accessible
+  b.map_no_access(va, 2 * g, singles, 0);          // new run before it
   b.map_no_access(va + 4 * g, g, singles, 2 * g);  // new run after it
   b.set_access(va, 5 * g);
   std::vector<unsigned char> host(5 * g), back(5 * g, 0);
@@ -227,7 +228,11 @@ TEST_P(CudaAllocator, MultiThreadMultiStreamStress) {
     threads.emplace_back([&, t] {
       cudaSetDevice(0);
       std::mt19937_64 rng(1000 + t);
-      struct Block { void* p; std::size_t n; std::uint64_t tag; };
+      struct Block {
+        void* p;
+        std::size_t n;
+        std::uint64_t tag;
+      };
       std::vector<Block> mine;
       for (int i = 0; i < 1500; ++i) {
         cudaStream_t s = streams[t];
@@ -293,16 +298,20 @@ TEST(CudaSegmentBackends, SegmentsAreRealMemoryAndTrimReturnsIt) {
     const DevicePtr p = b->allocate_segment(bytes, 0);
     ASSERT_NE(p, 0u);
     std::vector<unsigned char> host(4096, 0x5A), back(4096, 0);
-    ok(cudaMemcpy(reinterpret_cast<void*>(p + bytes - 4096), host.data(), 4096, cudaMemcpyHostToDevice));
-    ok(cudaMemcpy(back.data(), reinterpret_cast<void*>(p + bytes - 4096), 4096, cudaMemcpyDeviceToHost));
+    ok(cudaMemcpy(reinterpret_cast<void*>(p + bytes - 4096), host.data(), 4096,
+                  cudaMemcpyHostToDevice));
+    ok(cudaMemcpy(back.data(), reinterpret_cast<void*>(p + bytes - 4096), 4096,
+                  cudaMemcpyDeviceToHost));
     EXPECT_EQ(back, host);
     EXPECT_GE(device_used(), before + bytes / 2) << "a segment must hold device memory";
-    EXPECT_EQ(b->allocate_segment(std::size_t(1) << 50, 0), 0u) << "out of memory is 0, not a throw";
+    EXPECT_EQ(b->allocate_segment(std::size_t(1) << 50, 0), 0u)
+        << "out of memory is 0, not a throw";
     EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "out of memory must leave no sticky error";
     b->free_segment(p, bytes);
     b->trim();
     ok(cudaDeviceSynchronize());
-    EXPECT_LE(device_used(), before + (std::size_t(64) << 20)) << "trim must return the pool's memory";
+    EXPECT_LE(device_used(), before + (std::size_t(64) << 20))
+        << "trim must return the pool's memory";
     EXPECT_GE(b->driver_calls(), 2u);
   }
 }
@@ -401,8 +410,8 @@ TEST_P(GpuReplay, VerifiedAndFaithfulToTheSimulator) {
       << "GPU replay strays more than 1% from the simulator's prediction";
   RecordProperty("gpu_ratio", std::to_string(r.reserved_ratio));
   RecordProperty("sim_ratio", std::to_string(sim.reserved_ratio));
-  std::cout << "[ gpu-replay ] memory-first " << GetParam() << " gpu " << r.reserved_ratio << " sim "
-            << sim.reserved_ratio << " alloc p50 " << r.latency_us->alloc_p50 << " us\n";
+  std::cout << "[ gpu-replay ] memory-first " << GetParam() << " gpu " << r.reserved_ratio
+            << " sim " << sim.reserved_ratio << " alloc p50 " << r.latency_us->alloc_p50 << " us\n";
 }
 
 // The default (whole chunks): where a chunk lands depends on when sweep events complete, which
@@ -418,15 +427,20 @@ TEST_P(GpuReplay, DefaultVerifiedAndWithinTheSimulatorsRange) {
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_EQ(r.counters.at("verify_failures"), 0);
   double lo = 1e9, hi = 0;
-  for (const char* lag : {"1", "2", "4", "8"}) {
-    const Result sim = replay_cuarena(events, SimOptions{Config::parse(std::string("sim_event_latency:") + lag)});
+  for (const std::uint64_t lag : {1, 2, 4, 8}) {
+    SimOptions o;
+    o.device.event_latency = lag;
+    const Result sim = replay_cuarena(events, o);
     lo = std::min(lo, sim.reserved_ratio);
     hi = std::max(hi, sim.reserved_ratio);
   }
-  EXPECT_GE(r.reserved_ratio, 0.99 * lo) << "below the simulator's range [" << lo << ", " << hi << "]";
-  EXPECT_LE(r.reserved_ratio, 1.01 * hi) << "above the simulator's range [" << lo << ", " << hi << "]";
-  std::cout << "[ gpu-replay ] default " << GetParam() << " gpu " << r.reserved_ratio << " sim range "
-            << lo << " .. " << hi << " alloc p50 " << r.latency_us->alloc_p50 << " us\n";
+  EXPECT_GE(r.reserved_ratio, 0.99 * lo)
+      << "below the simulator's range [" << lo << ", " << hi << "]";
+  EXPECT_LE(r.reserved_ratio, 1.01 * hi)
+      << "above the simulator's range [" << lo << ", " << hi << "]";
+  std::cout << "[ gpu-replay ] default " << GetParam() << " gpu " << r.reserved_ratio
+            << " sim range " << lo << " .. " << hi << " alloc p50 " << r.latency_us->alloc_p50
+            << " us\n";
 }
 
 // --series on a GPU: reserved bytes read after every event (frees too) peak where the row's
@@ -451,8 +465,8 @@ TEST(GpuReplaySeries, PeaksAtTheRowsPeak) {
 
 INSTANTIATE_TEST_SUITE_P(Traces, GpuReplay,
                          ::testing::Values("gpt2_train.pickle.gz", "resnet50_amp.pickle.gz",
-                                           "bert_varlen_infer.pickle.gz", "vit_multistream.pickle.gz",
-                                           "moe_train.pickle.gz"),
+                                           "bert_varlen_infer.pickle.gz",
+                                           "vit_multistream.pickle.gz", "moe_train.pickle.gz"),
                          [](const auto& info) {
                            std::string n = info.param;
                            return n.substr(0, n.find('.'));

@@ -107,7 +107,8 @@ TEST(Allocator, SmallRequestsComeFromSlabs) {
   EXPECT_EQ(s.allocated_bytes[int(Pool::kSmall)].current, 5000 * 1024);  // class of 600 B
   EXPECT_GE(s.segment[int(Pool::kSmall)].current, 2);
   const auto slab = std::int64_t(a.config().slab_size / 1024 * 1024);  // whole 1 KiB slots
-  EXPECT_EQ(s.reserved_bytes[int(Pool::kSmall)].current, s.segment[int(Pool::kSmall)].current * slab);
+  EXPECT_EQ(s.reserved_bytes[int(Pool::kSmall)].current,
+            s.segment[int(Pool::kSmall)].current * slab);
   a.check_invariants();
   for (void* p : ps) a.deallocate(p);
   s = a.stats();

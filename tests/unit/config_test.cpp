@@ -1,18 +1,28 @@
+#include "cuarena/config.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
-#include "cuarena/config.hpp"
 #include "cuarena/errors.hpp"
+#include "cuarena/sim_backend.hpp"
 #include "cuarena/types.hpp"
 
 using namespace cuarena;
 
 namespace {
 
+// Parses as the replayer does: the core's keys and the simulator's.
+std::pair<Config, SimConfig> parse_both(const std::string& text) {
+  std::pair<Config, SimConfig> out;
+  parse_config(text, {ConfigTarget(Config::table(), out.first),
+                      ConfigTarget(SimConfig::table(), out.second)});
+  return out;
+}
+
 std::string error_of(const std::string& text) {
   try {
-    Config::parse(text);
+    parse_both(text);
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -29,7 +39,7 @@ TEST(Config, DefaultsMatchTheDesign) {
 }
 
 TEST(Config, ParsesEveryKindOfValue) {
-  const Config c = Config::parse(
+  const auto [c, sim] = parse_both(
       "small_limit:64KiB, size_classes_per_doubling:8,slab_size:4MiB,defrag_threshold:0.5,"
       "per_process_memory_fraction:0.25,upstream:async,sim_event_latency:3,sim_capacity:80GiB,"
       "sim_granularity:64KiB,va_reserve:1TiB,sweep_interval:7,stream_alias:False,cache_slack:0.05");
@@ -39,9 +49,9 @@ TEST(Config, ParsesEveryKindOfValue) {
   EXPECT_DOUBLE_EQ(c.defrag_threshold, 0.5);
   EXPECT_DOUBLE_EQ(c.per_process_memory_fraction, 0.25);
   EXPECT_EQ(c.upstream, Upstream::kAsync);
-  EXPECT_EQ(c.sim_event_latency, 3u);
-  EXPECT_EQ(c.sim_capacity, 80 * GiB);
-  EXPECT_EQ(c.sim_granularity, 64 * KiB);
+  EXPECT_EQ(sim.event_latency, 3u);
+  EXPECT_EQ(sim.capacity, 80 * GiB);
+  EXPECT_EQ(sim.granularity, 64 * KiB);
   EXPECT_EQ(c.va_reserve, std::size_t{1} << 40);
   EXPECT_EQ(c.sweep_interval, 7u);
   EXPECT_FALSE(c.stream_alias);
@@ -51,6 +61,34 @@ TEST(Config, ParsesEveryKindOfValue) {
 TEST(Config, RoundTripsThroughToString) {
   Config c = Config::parse("small_limit:4096,defrag_threshold:0.125,upstream:malloc");
   EXPECT_EQ(Config::parse(c.to_string()), c);
+  c = Config::parse("cache_slack:0.1,small_limit:1536,whole_chunk_max:3GiB,stream_alias:False");
+  EXPECT_EQ(Config::parse(c.to_string()), c);
+  EXPECT_NE(c.to_string().find("cache_slack:0.1,"), std::string::npos) << c.to_string();
+  const SimConfig sim = parse_both("sim_capacity:80GiB,sim_event_latency:9").second;
+  EXPECT_EQ(parse_both(config_string(SimConfig::table(), sim)).second, sim);
+}
+
+// The simulator's keys belong to the replayer, not to the allocator.
+TEST(Config, SimulatorKeysAreNotTheCores) {
+  const std::string msg = [] {
+    try {
+      Config::parse("sim_capacity:80GiB");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  EXPECT_NE(msg.find("unknown key 'sim_capacity' at position 0"), std::string::npos) << msg;
+  for (const auto& key : Config::keys()) EXPECT_EQ(key.rfind("sim_", 0), std::string::npos) << key;
+}
+
+// Each row's default, as the table prints it, reads back as the default.
+TEST(Config, TableDefaultsReadBack) {
+  for (const auto& k : Config::table()) {
+    Config c = Config::parse(k.key + ":" + k.get(Config{}));
+    EXPECT_EQ(c, Config{}) << k.key;
+  }
+  EXPECT_EQ(Config{}.to_string().substr(0, 18), "small_limit:1MiB,s");
 }
 
 TEST(Config, UnknownKeyNamesKeyPositionAndValidKeys) {
@@ -58,20 +96,26 @@ TEST(Config, UnknownKeyNamesKeyPositionAndValidKeys) {
   EXPECT_NE(msg.find("'bogus_key'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("position 17"), std::string::npos) << msg;
   for (const auto& key : Config::keys()) EXPECT_NE(msg.find(key), std::string::npos) << key;
+  for (const auto& k : SimConfig::table()) EXPECT_NE(msg.find(k.key), std::string::npos) << k.key;
 }
 
 TEST(Config, MalformedValuesNameTheKey) {
-  for (const char* bad : {"small_limit:-1", "small_limit:12XB", "small_limit:", "defrag_threshold:2",
-                          "defrag_threshold:abc", "per_process_memory_fraction:0",
-                          "size_classes_per_doubling:0", "upstream:cuda", "sim_granularity:3000",
-                          "sim_granularity:512", "sim_granularity:2KiB", "sim_granularity:2GiB",
-                          "sim_capacity:29TiB", "va_reserve:65TiB",
-                          "sweep_interval:0", "stream_alias:maybe", "cache_slack:-1"}) {
+  for (const char* bad :
+       {"small_limit:-1", "small_limit:12XB", "small_limit:", "defrag_threshold:2",
+        "defrag_threshold:abc", "per_process_memory_fraction:0", "size_classes_per_doubling:0",
+        "upstream:cuda", "sim_granularity:3000", "sim_granularity:512", "sim_granularity:2KiB",
+        "sim_granularity:2GiB", "sim_capacity:29TiB", "va_reserve:65TiB", "sweep_interval:0",
+        "stream_alias:maybe", "cache_slack:-1"}) {
     const std::string msg = error_of(bad);
     const std::string key = std::string(bad).substr(0, std::string(bad).find(':'));
     EXPECT_NE(msg.find("'" + key + "'"), std::string::npos) << bad << " -> " << msg;
     EXPECT_NE(msg.find("position 0"), std::string::npos) << msg;
   }
+  // The message says what the key takes.
+  EXPECT_NE(error_of("sim_granularity:3000").find("a power of two from 64KiB to 1GiB"),
+            std::string::npos);
+  EXPECT_NE(error_of("defrag_threshold:2").find("a number in [0, 1]"), std::string::npos);
+  EXPECT_NE(error_of("small_limit:12XB").find("a size from 512 to 256MiB"), std::string::npos);
 }
 
 TEST(Config, SizesOutOfRangeAreRefused) {

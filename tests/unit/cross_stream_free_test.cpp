@@ -27,7 +27,7 @@ std::map<std::size_t, const void*> pointers(const std::vector<Event>& events, Re
                                             std::uint64_t event_latency = 1) {
   std::map<std::size_t, const void*> got;
   SimOptions o;
-  o.config.sim_event_latency = event_latency;
+  o.device.event_latency = event_latency;
   o.on_allocate = [&](std::size_t i, const void* p) { got[i] = p; };
   const Result r = replay_cuarena(events, o);
   if (out) *out = r;

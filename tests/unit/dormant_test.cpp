@@ -22,7 +22,8 @@ struct Moved {
   void* pin_high = nullptr;
   void* big = nullptr;
   explicit Moved(const std::string& config, std::size_t capacity = 72 * MiB)
-      : sim(sim_options(capacity)), a(sim, Config::parse("small_limit:512,sweep_interval:1," + config)) {
+      : sim(sim_options(capacity)),
+        a(sim, Config::parse("small_limit:512,sweep_interval:1," + config)) {
     pin_low = a.allocate(2 * MiB, 1);
     block_a = a.allocate(8 * MiB, 1);
     pin_high = a.allocate(2 * MiB, 1);
@@ -101,7 +102,8 @@ TEST(Dormant, TheCapUnmapsTheOldestMapping) {
   // block lies past the others and takes its predecessor's granules. By the third, they move a
   // second time, and their first address must be unmapped.
   SimBackend sim(sim_options(1 * GiB));
-  Allocator a(sim, Config::parse("small_limit:512,sweep_interval:1,dormant_maps:1,whole_chunk_min:0"));
+  Allocator a(sim,
+              Config::parse("small_limit:512,sweep_interval:1,dormant_maps:1,whole_chunk_min:0"));
   std::vector<void*> blocks, pins;
   std::size_t size = 8 * MiB;
   for (int i = 0; i < 3; ++i) {

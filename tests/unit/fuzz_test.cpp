@@ -32,9 +32,11 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kIterations = 10000;
 constexpr auto kTimeCap = std::chrono::seconds(60);  // stop early rather than stall CI
-constexpr std::size_t kMaxMessage = 1200;             // a message quotes at most 200 characters
+constexpr std::size_t kMaxMessage = 1200;            // a message quotes at most 200 characters
 
-std::string trace_path(const std::string& name) { return std::string(CUARENA_TRACE_DIR) + "/" + name; }
+std::string trace_path(const std::string& name) {
+  return std::string(CUARENA_TRACE_DIR) + "/" + name;
+}
 
 Bytes read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -117,7 +119,8 @@ Bytes mutate(Bytes b, std::mt19937_64& rng) {
   for (int r = 0; r < rounds; ++r) {
     switch (rng() % 9) {
       case 0:  // flip bits
-        for (int k = 1 + int(rng() % 8); k > 0 && !b.empty(); --k) b[pick(b.size())] ^= char(1 << (rng() % 8));
+        for (int k = 1 + int(rng() % 8); k > 0 && !b.empty(); --k)
+          b[pick(b.size())] ^= char(1 << (rng() % 8));
         break;
       case 1:  // an interesting byte
         if (!b.empty()) b[pick(b.size())] = char(interesting[pick(std::size(interesting))]);
@@ -126,9 +129,11 @@ Bytes mutate(Bytes b, std::mt19937_64& rng) {
         put_le<std::uint64_t>(b, pick(b.size()), interesting[pick(std::size(interesting))]);
         break;
       case 3:  // a header field: version, record size or event count
-        put_le<std::uint32_t>(b, 8 + 4 * pick(2), std::uint32_t(interesting[pick(std::size(interesting))]));
-        put_le<std::uint64_t>(b, 16, rng() % 2 ? interesting[pick(std::size(interesting))]
-                                               : (b.size() - 32) / 40 + pick(3) - 1);
+        put_le<std::uint32_t>(b, 8 + 4 * pick(2),
+                              std::uint32_t(interesting[pick(std::size(interesting))]));
+        put_le<std::uint64_t>(b, 16,
+                              rng() % 2 ? interesting[pick(std::size(interesting))]
+                                        : (b.size() - 32) / 40 + pick(3) - 1);
         break;
       case 4:  // truncate
         b.resize(pick(b.size() + 1));
@@ -184,7 +189,7 @@ TEST(Fuzz, CuatReaderRefusesOrReadsEveryMutationWithATraceError) {
   RecordProperty("iterations", done);
   RecordProperty("read", read_ok);
   EXPECT_GE(done, kIterations / 10) << "the time cap cut the run short";
-  EXPECT_GT(read_ok, 0);            // some mutations leave a valid trace ...
+  EXPECT_GT(read_ok, 0);                // some mutations leave a valid trace ...
   EXPECT_GT(done - read_ok, done / 2);  // ... and most are refused
 }
 
@@ -216,7 +221,7 @@ std::vector<std::string> config_corpus() {
           "small_limit:1MiB,size_classes_per_doubling:8",
           "whole_chunk_min:0",
           "per_process_memory_fraction:0.5,upstream:async,stream_alias:False",
-          "sim_capacity:80GiB,sim_granularity:64KiB,sim_event_latency:3",
+          "va_reserve:80GiB,slab_size:64KiB,sweep_interval:3",
           "cache_slack:0.05, defrag_threshold:0.9 ,whole_chunk_fraction:1",
           "va_reserve:64TiB,dormant_maps:0,sweep_interval:1048576",
           "stream_cache_bytes:0,slab_size:1GiB,whole_chunk_max:128MiB",
@@ -225,9 +230,11 @@ std::vector<std::string> config_corpus() {
 
 // One mutation of a config string: characters the grammar cares about, digits, units, random
 // bytes, splices of other corpus entries, repetition, very long numbers.
-std::string mutate_text(std::string s, const std::vector<std::string>& corpus, std::mt19937_64& rng) {
+std::string mutate_text(std::string s, const std::vector<std::string>& corpus,
+                        std::mt19937_64& rng) {
   static const std::string alphabet = ":,[]>.-+eE0123456789 KMGTiBbx_\t\n";
-  static const char* units[] = {"KiB", "MiB", "GiB", "TiB", "KB", "GB", "B", "G", "e308", "nan", "inf"};
+  static const char* units[] = {"KiB", "MiB", "GiB",  "TiB", "KB", "GB",
+                                "B",   "G",   "e308", "nan", "inf"};
   auto pick = [&](std::size_t n) { return n == 0 ? 0 : std::size_t(rng() % n); };
   const int rounds = 1 + int(rng() % 4);
   for (int r = 0; r < rounds; ++r) {
@@ -293,7 +300,8 @@ TEST(Fuzz, ConfigParserAcceptsOrRefusesEveryMutationWithAConfigError) {
              << text << "\"";
     }
     // The size parser on its own, as --capacity uses it.
-    const std::string size_text = mutate_text(std::to_string(rng() % 100000) + units_of(rng), corpus, rng);
+    const std::string size_text =
+        mutate_text(std::to_string(rng() % 100000) + units_of(rng), corpus, rng);
     try {
       (void)parse_size(size_text, "--capacity");
     } catch (const ConfigError& e) {

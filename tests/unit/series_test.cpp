@@ -47,7 +47,7 @@ TEST(SeriesRecorder, DownsamplingKeepsEachWindowsMaximum) {
     ev.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
       rec.add(i == spike ? 1000000 : i % 97);
-      ev.push_back(i == spike ? alloc(7, 555, std::int64_t(i) + 1)
+      ev.push_back(i == spike       ? alloc(7, 555, std::int64_t(i) + 1)
                    : i == spike + 1 ? free_completed(7, std::int64_t(i) + 1)
                                     : Event{Action::kOther, 0, 0, 0, 0, std::int64_t(i) + 1});
     }
@@ -68,7 +68,9 @@ TEST(SeriesRecorder, DownsamplingKeepsEachWindowsMaximum) {
     for (std::size_t i = 0; i < s.event.size(); ++i) {  // every other window: its own maximum
       if (i == k) continue;
       const std::uint64_t lo = i * s.window, hi = std::min<std::uint64_t>(lo + s.window, n);
-      const std::uint64_t expect = hi - lo >= 97 ? 96 : (hi - 1) % 97 >= (lo % 97) ? (hi - 1) % 97 : 96;
+      const std::uint64_t expect = hi - lo >= 97                ? 96
+                                   : (hi - 1) % 97 >= (lo % 97) ? (hi - 1) % 97
+                                                                : 96;
       ASSERT_EQ(s.reserved[i], expect) << "point " << i;
     }
   }
@@ -86,7 +88,9 @@ TEST(SeriesRecorder, StopsWhereTheReplayStopped) {
   EXPECT_EQ(s.requested.size(), 3u);
 }
 
-std::string trace_path(const std::string& name) { return std::string(CUARENA_TRACE_DIR) + "/" + name; }
+std::string trace_path(const std::string& name) {
+  return std::string(CUARENA_TRACE_DIR) + "/" + name;
+}
 
 const char* const kTraceFiles[] = {"gpt2_train.pickle.gz", "resnet50_amp.pickle.gz",
                                    "bert_varlen_infer.pickle.gz", "vit_multistream.pickle.gz",
@@ -145,7 +149,8 @@ TEST_P(SeriesOfRealTrace, PeaksMatchUnderACapacityToo) {
   const Result plain = replay_torch_sim_row("torch-native-sim", events, SimOptions{}, false);
   SimOptions with;
   with.series = true;
-  with.capacity = (plain.peak_requested_bytes + plain.peak_reserved_bytes) / 2 / (2 << 20) * (2 << 20);
+  with.capacity =
+      (plain.peak_requested_bytes + plain.peak_reserved_bytes) / 2 / (2 << 20) * (2 << 20);
   for (const char* row : {"torch-native-sim", "torch-expandable-sim"}) {
     const Result t = replay_torch_sim_row(row, events, with, false);
     expect_series_matches(t, events.size());

@@ -33,12 +33,12 @@ TEST(SimBackend, CatchesCallerBugs) {
   const DevicePtr va = sim.reserve_address(8 * MiB);
   const PhysHandle h = sim.create_physical(2 * MiB);
   sim.map(va, 2 * MiB, h, 0);
-  EXPECT_THROW(sim.map(va, 2 * MiB, h, 0), std::logic_error);           // mapped twice
-  EXPECT_THROW(sim.unmap(va + 2 * MiB, 2 * MiB), std::logic_error);     // not mapped
-  EXPECT_THROW(sim.map(va + 4 * MiB, 4 * MiB, h, 0), std::logic_error);  // beyond chunk
-  EXPECT_THROW(sim.map(va + 512, 2 * MiB, h, 0), std::logic_error);      // misaligned
-  EXPECT_THROW(sim.map(va + 64 * MiB, 2 * MiB, h, 0), std::logic_error); // not reserved
-  EXPECT_THROW(sim.release_address(va, 8 * MiB), std::logic_error);      // still mapped
+  EXPECT_THROW(sim.map(va, 2 * MiB, h, 0), std::logic_error);             // mapped twice
+  EXPECT_THROW(sim.unmap(va + 2 * MiB, 2 * MiB), std::logic_error);       // not mapped
+  EXPECT_THROW(sim.map(va + 4 * MiB, 4 * MiB, h, 0), std::logic_error);   // beyond chunk
+  EXPECT_THROW(sim.map(va + 512, 2 * MiB, h, 0), std::logic_error);       // misaligned
+  EXPECT_THROW(sim.map(va + 64 * MiB, 2 * MiB, h, 0), std::logic_error);  // not reserved
+  EXPECT_THROW(sim.release_address(va, 8 * MiB), std::logic_error);       // still mapped
   EXPECT_THROW(sim.event_completed(12345), std::logic_error);
 }
 

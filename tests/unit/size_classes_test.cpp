@@ -1,7 +1,8 @@
+#include "cuarena/size_classes.hpp"
+
 #include <gtest/gtest.h>
 
 #include "cuarena/errors.hpp"
-#include "cuarena/size_classes.hpp"
 #include "cuarena/types.hpp"
 
 using namespace cuarena;

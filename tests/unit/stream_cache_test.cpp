@@ -57,7 +57,9 @@ class GatedBackend final : public DeviceBackend {
   PhysHandle create_physical(std::size_t b) override { return sim_.create_physical(b); }
   PhysHandle create_whole_physical(std::size_t b) override { return sim_.create_whole_physical(b); }
   void release_physical(PhysHandle c) override { sim_.release_physical(c); }
-  void map(DevicePtr va, std::size_t b, PhysHandle c, std::size_t o) override { sim_.map(va, b, c, o); }
+  void map(DevicePtr va, std::size_t b, PhysHandle c, std::size_t o) override {
+    sim_.map(va, b, c, o);
+  }
   void unmap(DevicePtr va, std::size_t b) override { sim_.unmap(va, b); }
   bool event_completed(EventId e) override { return sim_.event_completed(e); }
   void wait_event(EventId e) override { sim_.wait_event(e); }
@@ -106,7 +108,8 @@ Config config(const char* text = "") { return Config::parse(text); }
 void free_while_locked(Allocator& a, GatedBackend& gate, void* p) {
   std::future<void> f;  // before the holder: destroyed after it has released the lock
   LockHolder holder(a, gate, 2);
-  ASSERT_TRUE(finishes_within(f, [&] { a.deallocate(p); }, 10s))
+  ASSERT_TRUE(finishes_within(
+      f, [&] { a.deallocate(p); }, 10s))
       << "a contended free waited for the device lock";
   f.get();
 }
@@ -122,12 +125,15 @@ TEST(StreamCache, ContendedFreesAreParkedAndTakenBackWithoutTheDeviceLock) {
   LockHolder holder(a, gate, s2);
   void* large2 = nullptr;
   void* small2 = nullptr;
-  const bool done = finishes_within(f, [&] {
-    a.deallocate(large);
-    a.deallocate(small);
-    small2 = a.allocate(64 * KiB - 100, s1);  // same size class
-    large2 = a.allocate(4 * MiB, s1);
-  }, 10s);
+  const bool done = finishes_within(
+      f,
+      [&] {
+        a.deallocate(large);
+        a.deallocate(small);
+        small2 = a.allocate(64 * KiB - 100, s1);  // same size class
+        large2 = a.allocate(4 * MiB, s1);
+      },
+      10s);
   ASSERT_TRUE(done) << "a contended free or allocation on its own stream waited for the lock";
   f.get();
   EXPECT_EQ(large2, large);
@@ -213,11 +219,13 @@ TEST(StreamCache, FullCacheOrZeroBytesOrRecordStreamWaitForTheLock) {
     LockHolder holder(a, gate, 2);
     const bool cached = std::string(c.config) != "stream_cache_bytes:0";
     if (cached) {
-      ASSERT_TRUE(finishes_within(f1, [&] { a.deallocate(first); }, 10s));
+      ASSERT_TRUE(finishes_within(
+          f1, [&] { a.deallocate(first); }, 10s));
       f1.get();
     }
     // Must wait: no cache, no room, or events to record under the lock.
-    EXPECT_FALSE(finishes_within(f2, [&] { a.deallocate(second); }, 200ms));
+    EXPECT_FALSE(finishes_within(
+        f2, [&] { a.deallocate(second); }, 200ms));
     holder.release();
     f2.get();
     if (!cached) a.deallocate(first);
@@ -264,7 +272,7 @@ TEST(StreamCache, NullAndOneAreNotLive) {
   SimBackend sim(sim_options(1 * GiB, 1));
   Allocator a(sim, config());
   std::vector<void*> ps;
-  for (int i = 0; i < 3000; ++i) ps.push_back(a.allocate(512, 1));  // every stripe in use
+  for (int i = 0; i < 3000; ++i) ps.push_back(a.allocate(512, 1));     // every stripe in use
   for (std::size_t i = 0; i < ps.size(); i += 2) a.deallocate(ps[i]);  // erased slots
   EXPECT_THROW(a.record_stream(nullptr, 3), InvalidPointerError);
   EXPECT_THROW(a.record_stream(reinterpret_cast<void*>(1), 3), InvalidPointerError);

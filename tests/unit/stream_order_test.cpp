@@ -96,7 +96,7 @@ TEST(StreamOrder, RecordStreamDelaysReuseUntilEveryStreamIsDone) {
   a.deallocate(p);
   Stats s = a.stats();
   EXPECT_EQ(s.pending_frees, 1);
-  EXPECT_EQ(s.allocated_bytes[0].current, 0);                    // freed for the program
+  EXPECT_EQ(s.allocated_bytes[0].current, 0);                   // freed for the program
   EXPECT_EQ(s.active_bytes[0].current, std::int64_t(4 * MiB));  // but still active
   void* q = a.allocate(4 * MiB, 1);
   EXPECT_NE(q, p) << "reused while stream 2 may still be using it";
@@ -143,8 +143,8 @@ TEST(StreamOrder, AliasesNeverReachAnotherStreamEarly) {
   for (const auto& x : tracking.physical(a2, 2 * MiB)) freed.insert(x);
   a.deallocate(a1);
   a.deallocate(a2);
-  void* b = a.allocate(3 * MiB, 1);         // fits no owned block: aliases stream 1's granules
-  void* c = a.allocate(3 * MiB / 2, 2);     // another stream, before any event completed
+  void* b = a.allocate(3 * MiB, 1);      // fits no owned block: aliases stream 1's granules
+  void* c = a.allocate(3 * MiB / 2, 2);  // another stream, before any event completed
   EXPECT_FALSE(share(tracking.physical(c, 3 * MiB / 2), freed))
       << "stream 2 got memory stream 1 freed before stream 1's event completed";
   a.check_invariants();

@@ -84,7 +84,8 @@ TEST(WholeChunk, AStolenWholeChunkMovesAsOnePiece) {
   const std::size_t maps = sim.map_calls();
   void* q = a.allocate(90 * MiB, 2);
   EXPECT_TRUE(sim.is_mapped(addr(q), 90 * MiB));
-  const PhysHandle q_low = sim.backing(addr(q)).chunk, q_high = sim.backing(addr(q) + 32 * MiB).chunk;
+  const PhysHandle q_low = sim.backing(addr(q)).chunk,
+                   q_high = sim.backing(addr(q) + 32 * MiB).chunk;
   EXPECT_TRUE((q_low == low && q_high == high) || (q_low == high && q_high == low));
   EXPECT_EQ(sim.map_calls(), maps + 3) << "the two moved chunks and one fresh chunk";
   EXPECT_LE(sim.physical_bytes(), 92 * MiB);

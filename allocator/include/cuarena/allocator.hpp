@@ -13,10 +13,10 @@
 // synchronisation before an OutOfMemoryError.
 //
 // Thread semantics: every member function is safe to call concurrently (check_invariants() and
-// live_blocks() then see a snapshot that calls in flight may make inconsistent). One mutex per Allocator
-// (the device lock) guards the pool; when a free finds it held by another thread, the block is
-// parked in its stream's cache (config stream_cache_bytes) and the next allocation of the same
-// rounded size on that stream takes it back without the lock, so threads working on their own
+// live_blocks() then see a snapshot that calls in flight may make inconsistent). One mutex per
+// Allocator (the device lock) guards the pool; when a free finds it held by another thread, the
+// block is parked in its stream's cache (config stream_cache_bytes) and the next allocation of the
+// same rounded size on that stream takes it back without the lock, so threads working on their own
 // streams scale instead of queuing. Parked blocks return to the pool at process_events(),
 // release_cached() and before an out-of-memory error. Statistics count a parked block as freed;
 // with threads contending, a peak_* value may under-read by at most the bytes parked
@@ -118,7 +118,7 @@ class Allocator {
       std::size_t size;       ///< bytes (rounded, for allocations)
       std::size_t requested;  ///< bytes asked for (0 when inactive)
       State state;
-      StreamId stream;        ///< allocation stream (0 when inactive)
+      StreamId stream;  ///< allocation stream (0 when inactive)
     };
     DevicePtr addr;
     std::size_t size;
@@ -131,9 +131,9 @@ class Allocator {
 
   /// Free memory inside reserved (mapped) memory, as BFC and RMM report it.
   struct Fragmentation {
-    std::size_t free_bytes = 0;     ///< reserved bytes not backing a live allocation
-    std::size_t largest_free = 0;   ///< largest contiguous mapped free range
-    std::size_t rounding_waste = 0; ///< allocated_bytes - requested_bytes
+    std::size_t free_bytes = 0;      ///< reserved bytes not backing a live allocation
+    std::size_t largest_free = 0;    ///< largest contiguous mapped free range
+    std::size_t rounding_waste = 0;  ///< allocated_bytes - requested_bytes
     /// 1 - largest_free / free_bytes (0 when nothing is free).
     double external() const {
       return free_bytes == 0 ? 0.0 : 1.0 - double(largest_free) / double(free_bytes);

@@ -1,8 +1,6 @@
-// Allocator configuration and its parser.
-//
-// Syntax is PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax: `key:value,key:value`, lists as
-// `[a:b,>:c]`, booleans `True`/`False`. Sizes accept a plain byte count or a unit suffix
-// (`512`, `64KiB`, `2MiB`, `80GiB` in powers of 1024; `80GB` in powers of 1000).
+// Allocator configuration: the core's keys of a config string (syntax: config_table.hpp).
+// Config::table() is the one list of them; the simulator's keys are SimConfig's
+// (sim_backend.hpp).
 #pragma once
 
 #include <cstddef>
@@ -10,6 +8,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "cuarena/config_table.hpp"
 
 namespace cuarena {
 
@@ -73,14 +73,12 @@ struct Config {
   std::size_t va_reserve = 0;
   /// Which device upstream serves physical memory: vmm (mapping), async (cudaMallocAsync
   /// segments), malloc (cudaMalloc segments). The simulator models async and malloc alike, as a
-  /// segment upstream.
+  /// segment upstream. The policy never reads it (it asks the backend); it is here because every
+  /// front end (CudaAllocators, the PyTorch drop-in, the shim) picks its backend from this string.
   Upstream upstream = Upstream::kVmm;
-  /// SimBackend only: an event completes this many clock ticks after it is recorded.
-  std::uint64_t sim_event_latency = 1;
-  /// SimBackend only: simulated device capacity in bytes (0: 143771 MiB, the recorded H200).
-  std::size_t sim_capacity = 0;
-  /// SimBackend only: simulated granule size in bytes.
-  std::size_t sim_granularity = std::size_t{2} << 20;
+
+  /// Every key: its name, values, default, meaning, and how it is read and written.
+  static const ConfigTable<Config>& table();
 
   /// Parses `text` into a Config starting from the defaults. Throws ConfigError naming the key,
   /// the character position and the valid keys (unknown key) or the expected form (bad value).

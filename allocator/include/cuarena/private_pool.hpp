@@ -42,8 +42,8 @@ namespace cuarena {
 /// PrivatePool::Options (at namespace scope so that `Options options = {}` compiles as a default
 /// argument inside the class).
 struct PrivatePoolOptions {
-  bool no_split = false;                  ///< torch.cuda.MemPool(no_split=True): one allocation per segment
-  std::size_t granule = 2 << 20;          ///< segment sizes are multiples of this
+  bool no_split = false;          ///< torch.cuda.MemPool(no_split=True): one allocation per segment
+  std::size_t granule = 2 << 20;  ///< segment sizes are multiples of this
   std::size_t small_limit = 1 << 20;      ///< requests up to this get a `granule`-sized segment
   std::size_t medium_limit = 10 << 20;    ///< requests below this get a `medium_segment` segment
   std::size_t medium_segment = 20 << 20;  ///< PyTorch's kLargeBuffer
@@ -138,7 +138,7 @@ class PrivatePool {
     DevicePtr segment = 0;      ///< base address of its segment
     StreamId stream = 0;        ///< live: allocation stream; owned free: owner
     bool allocated = false;
-    bool shared = false;        ///< free and reusable by every stream
+    bool shared = false;  ///< free and reusable by every stream
   };
   struct Segment {
     std::size_t size = 0;

@@ -34,42 +34,42 @@ using StatArray = std::array<Stat, 3>;
 
 struct Stats {
   // PyTorch's memory_stats() families. Units: bytes for *_bytes, counts otherwise.
-  StatArray allocation;            ///< live allocations
-  StatArray segment;               ///< small: live slabs; large: reserved virtual arenas
-  StatArray active;                ///< allocations plus frees waiting on other streams' events
-  StatArray inactive_split;        ///< free blocks held inside reserved memory
-  StatArray allocated_bytes;       ///< sum of rounded sizes of live allocations
-  StatArray reserved_bytes;        ///< physical memory held (mapped granules)
-  StatArray active_bytes;          ///< allocated_bytes plus pending-free bytes
-  StatArray inactive_split_bytes;  ///< reserved_bytes - active_bytes
-  StatArray requested_bytes;       ///< sum of requested sizes of live allocations
-  Stat oversize_allocations;       ///< always 0: cuarena has no max_split_size pool
-  Stat oversize_segments;          ///< always 0
-  std::int64_t num_alloc_retries = 0;     ///< allocations that needed the slow (defrag) path
-  std::int64_t num_ooms = 0;              ///< OutOfMemoryError thrown
+  StatArray allocation;                ///< live allocations
+  StatArray segment;                   ///< small: live slabs; large: reserved virtual arenas
+  StatArray active;                    ///< allocations plus frees waiting on other streams' events
+  StatArray inactive_split;            ///< free blocks held inside reserved memory
+  StatArray allocated_bytes;           ///< sum of rounded sizes of live allocations
+  StatArray reserved_bytes;            ///< physical memory held (mapped granules)
+  StatArray active_bytes;              ///< allocated_bytes plus pending-free bytes
+  StatArray inactive_split_bytes;      ///< reserved_bytes - active_bytes
+  StatArray requested_bytes;           ///< sum of requested sizes of live allocations
+  Stat oversize_allocations;           ///< always 0: cuarena has no max_split_size pool
+  Stat oversize_segments;              ///< always 0
+  std::int64_t num_alloc_retries = 0;  ///< allocations that needed the slow (defrag) path
+  std::int64_t num_ooms = 0;           ///< OutOfMemoryError thrown
   std::int64_t num_sync_all_streams = 0;  ///< host waits on events (out-of-memory path only)
   std::int64_t num_device_alloc = 0;      ///< physical chunks created
   std::int64_t num_device_free = 0;       ///< physical chunks released
   std::int64_t max_split_size = -1;
 
   // cuarena's own counters (cumulative unless noted).
-  std::int64_t map_calls = 0;          ///< backend map() calls (each maps a run of granules)
-  std::int64_t unmap_calls = 0;        ///< backend unmap() calls
-  std::int64_t access_calls = 0;       ///< backend set_access() calls (one may cover many maps)
-  std::int64_t granules_mapped = 0;    ///< virtual granules mapped
-  std::int64_t granules_unmapped = 0;  ///< virtual granules unmapped
-  std::int64_t granules_stolen = 0;    ///< cached granules of shared blocks unmapped for reuse
-  std::int64_t granules_aliased = 0;   ///< granules of a stream's free blocks re-mapped for it
+  std::int64_t map_calls = 0;             ///< backend map() calls (each maps a run of granules)
+  std::int64_t unmap_calls = 0;           ///< backend unmap() calls
+  std::int64_t access_calls = 0;          ///< backend set_access() calls (one may cover many maps)
+  std::int64_t granules_mapped = 0;       ///< virtual granules mapped
+  std::int64_t granules_unmapped = 0;     ///< virtual granules unmapped
+  std::int64_t granules_stolen = 0;       ///< cached granules of shared blocks unmapped for reuse
+  std::int64_t granules_aliased = 0;      ///< granules of a stream's free blocks re-mapped for it
   std::int64_t granules_reactivated = 0;  ///< dormant mappings taken back with no driver call
-  std::int64_t defrag_passes = 0;      ///< defragmentation passes run
-  std::int64_t stitched_ranges = 0;    ///< requests backed by granules reclaimed elsewhere
+  std::int64_t defrag_passes = 0;         ///< defragmentation passes run
+  std::int64_t stitched_ranges = 0;       ///< requests backed by granules reclaimed elsewhere
   std::int64_t slabs_created = 0;
   std::int64_t slabs_released = 0;
-  std::int64_t events_recorded = 0;       ///< backend events recorded
-  std::int64_t cross_stream_reuses = 0;   ///< blocks reused by a stream other than the freeing one
-  std::int64_t pending_frees = 0;         ///< current: frees waiting on events (record_stream)
-  std::int64_t stream_cache_hits = 0;     ///< allocations served from a stream cache (no lock)
-  std::int64_t stream_cached_bytes = 0;   ///< current: bytes of freed blocks parked in them
+  std::int64_t events_recorded = 0;      ///< backend events recorded
+  std::int64_t cross_stream_reuses = 0;  ///< blocks reused by a stream other than the freeing one
+  std::int64_t pending_frees = 0;        ///< current: frees waiting on events (record_stream)
+  std::int64_t stream_cache_hits = 0;    ///< allocations served from a stream cache (no lock)
+  std::int64_t stream_cached_bytes = 0;  ///< current: bytes of freed blocks parked in them
 
   /// Flattened under PyTorch's key names (`allocated_bytes.all.current`, `num_ooms`, ...) and
   /// cuarena's (`cuarena.granules_mapped`, ...).

@@ -1,7 +1,5 @@
 // The C entry points (cuarena/torch_c_api.h): installation for the Python package, and the
 // pluggable ABI for torch.cuda.memory.CUDAPluggableAllocator.
-#include "cuarena/torch_c_api.h"
-
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/headeronly/version.h>
@@ -11,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "cuarena/torch_c_api.h"
 #include "torch_allocator_impl.hpp"
 
 namespace cuarena::torch_adapter {
@@ -20,7 +19,8 @@ namespace {
 // and the CUDA runtime's unloading have begun.
 std::mutex& g_install_mu = *new std::mutex;
 std::shared_ptr<TorchAllocator>& g_installed = *new std::shared_ptr<TorchAllocator>;
-std::shared_ptr<TorchAllocator>& g_pluggable = *new std::shared_ptr<TorchAllocator>;  // pluggable ABI
+std::shared_ptr<TorchAllocator>& g_pluggable =
+    *new std::shared_ptr<TorchAllocator>;  // pluggable ABI
 
 int fail(char* err, std::size_t errlen, const std::string& message) {
   if (err != nullptr && errlen > 0) {
@@ -125,7 +125,7 @@ void* cuarena_malloc(ssize_t size, int device, cuarena_stream_t stream) {
   if (size < 0) return nullptr;
   try {
     return plug().malloc(c10::DeviceIndex(device), std::size_t(size),
-                              reinterpret_cast<cudaStream_t>(stream));
+                         reinterpret_cast<cudaStream_t>(stream));
   } catch (const c10::OutOfMemoryError& e) {
     std::fprintf(stderr, "cuarena_malloc: returning NULL: %s\n", e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -152,8 +152,8 @@ void* cuarena_base_alloc(void* ptr, size_t* size) { return plug().getBaseAllocat
 void cuarena_record_stream(void* ptr, cuarena_stream_t stream) {
   const int dev = c10::cuda::current_device();
   c10::DataPtr dp(ptr, ptr, plug().raw_deleter(), c10::Device(c10::DeviceType::CUDA, dev));
-  plug().recordStream(dp, c10::cuda::getStreamFromExternal(
-                                   reinterpret_cast<cudaStream_t>(stream), c10::DeviceIndex(dev)));
+  plug().recordStream(dp, c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream),
+                                                           c10::DeviceIndex(dev)));
   (void)dp.release_context();
 }
 void cuarena_end_allocate_to_pool(int device, unsigned long long a, unsigned long long b) {

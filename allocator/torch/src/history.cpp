@@ -5,8 +5,7 @@
 namespace cuarena::torch_adapter {
 
 void History::configure(bool enabled, CDA::CreateContextFn recorder, std::size_t max_entries,
-                        CDA::RecordContext when, bool clear,
-                        const std::vector<std::string>& skip) {
+                        CDA::RecordContext when, bool clear, const std::vector<std::string>& skip) {
   std::lock_guard lock(mu_);
   recorder_ = enabled ? recorder : nullptr;
   when_ = enabled ? when : CDA::RecordContext::NEVER;
@@ -20,8 +19,7 @@ void History::configure(bool enabled, CDA::CreateContextFn recorder, std::size_t
   for (Ring& r : rings_) {  // a smaller ring keeps the newest entries, oldest first
     if (r.entries.size() > max_entries_) {
       std::rotate(r.entries.begin(), r.entries.begin() + std::ptrdiff_t(r.next), r.entries.end());
-      r.entries.erase(r.entries.begin(),
-                      r.entries.end() - std::ptrdiff_t(max_entries_));
+      r.entries.erase(r.entries.begin(), r.entries.end() - std::ptrdiff_t(max_entries_));
       r.next = 0;
     }
   }

@@ -47,7 +47,8 @@ class History {
   /// Copies the trace of every device in `devices`, oldest first, times as Unix microseconds.
   std::vector<std::vector<CDA::TraceEntry>> traces(int devices) const;
 
-  void annotate(const std::vector<std::pair<std::string, std::string>>& md, c10::DeviceIndex device);
+  void annotate(const std::vector<std::pair<std::string, std::string>>& md,
+                c10::DeviceIndex device);
   std::vector<CDA::AnnotationEntry> annotations() const;
 
  private:

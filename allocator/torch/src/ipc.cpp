@@ -25,8 +25,9 @@ ShareableHandle TorchAllocator::shareIpcHandle(void* ptr) {
   std::vector<CudaBackend::ExportPiece> pieces;
   try {
     // Under the device lock: the backend serves one caller at a time.
-    device(c10::DeviceIndex(dev)).main->with_device_lock(
-        [&] { pieces = backend.export_range(start, span); });
+    device(c10::DeviceIndex(dev)).main->with_device_lock([&] {
+      pieces = backend.export_range(start, span);
+    });
   } catch (const Error& e) {
     TORCH_CHECK(false, e.what());
   }

@@ -21,7 +21,8 @@ void copy_stat(const Stat& from, const Stat& base, c10::CachingAllocator::Stat& 
   to.freed = from.freed - base.freed;
 }
 
-void copy_array(const StatArray& from, const StatArray& base, c10::CachingAllocator::StatArray& to) {
+void copy_array(const StatArray& from, const StatArray& base,
+                c10::CachingAllocator::StatArray& to) {
   for (std::size_t i = 0; i < from.size(); ++i) copy_stat(from[i], base[i], to[i]);
 }
 
@@ -120,10 +121,9 @@ SnapshotInfo TorchAllocator::snapshot(c10::MempoolId_t mempool_id, bool include_
           out.stream = reinterpret_cast<void*>(run.stream);
           out.is_large = true;
         }
-        out.blocks.push_back(block_info(piece.size, piece.requested, piece.state,
-                                        piece.state == State::kInactive
-                                            ? nullptr
-                                            : history_.context_of(piece.addr)));
+        out.blocks.push_back(block_info(
+            piece.size, piece.requested, piece.state,
+            piece.state == State::kInactive ? nullptr : history_.context_of(piece.addr)));
       }
       flush();
     }

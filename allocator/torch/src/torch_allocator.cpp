@@ -1,7 +1,5 @@
 // TorchAllocator: the CUDAAllocator virtuals, each a short routing over CudaAllocators (one
 // cuarena::Allocator per device), PrivatePools and History. See torch_allocator.hpp.
-#include "torch_allocator_impl.hpp"
-
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
@@ -9,6 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+
+#include "torch_allocator_impl.hpp"
 
 namespace cuarena::torch_adapter {
 
@@ -194,8 +194,8 @@ void TorchAllocator::flush_deferred(Device& d) {
   }
   for (void* p : ptrs) {
     d.main->deallocate(p);
-    history_.record(History::Action::FREE_COMPLETED, d.index, reinterpret_cast<std::size_t>(p),
-                    0, nullptr, {0, 0});
+    history_.record(History::Action::FREE_COMPLETED, d.index, reinterpret_cast<std::size_t>(p), 0,
+                    nullptr, {0, 0});
   }
 }
 
@@ -333,7 +333,8 @@ std::pair<size_t, size_t> TorchAllocator::getMemoryInfo(c10::DeviceIndex dev) {
 
 void TorchAllocator::recordHistory(bool enabled, CDA::CreateContextFn context_recorder,
                                    size_t alloc_trace_max_entries, CDA::RecordContext when,
-                                   bool clearHistory, const std::vector<std::string>& skip_actions) {
+                                   bool clearHistory,
+                                   const std::vector<std::string>& skip_actions) {
   history_.configure(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory,
                      skip_actions);
 }

@@ -4,8 +4,8 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <array>
-#include <map>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -64,8 +64,9 @@ class TorchAllocator final : public CUDAAllocator {
                           std::shared_ptr<CUDAAllocator> allocator = nullptr) override;
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override;
   void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
-  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
-                                const std::unordered_set<void*>& expected_live_allocations) override;
+  bool checkPoolLiveAllocations(
+      c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+      const std::unordered_set<void*>& expected_live_allocations) override;
   ShareableHandle shareIpcHandle(void* ptr) override;
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
   bool isHistoryEnabled() override;
@@ -95,13 +96,13 @@ class TorchAllocator final : public CUDAAllocator {
   /// One device: its main allocator, its private pools, frees deferred past a capture.
   struct Device {
     c10::DeviceIndex index = 0;
-    cuarena::Allocator* main = nullptr;              // owned by allocators_
+    cuarena::Allocator* main = nullptr;     // owned by allocators_
     cudaStream_t segment_stream = nullptr;  // the pools' segments are allocated on it
     std::unique_ptr<PrivatePools> pools;
     std::mutex deferred_mu;
     std::vector<void*> deferred;  // frees made on a capturing stream
     std::mutex stats_mu;
-    Stats accumulated_base;       // at the last resetAccumulatedStats
+    Stats accumulated_base;  // at the last resetAccumulatedStats
   };
   Device& device(c10::DeviceIndex index);  // created on first use
   Device* existing(c10::DeviceIndex index) const;

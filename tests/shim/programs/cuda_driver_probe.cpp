@@ -9,11 +9,11 @@
 
 using CUresult = int;
 using cuInit_t = CUresult (*)(unsigned);
-using cuDriverGetVersion_t = CUresult (*)(int *);
-using cuGetProcAddress_v2_t = CUresult (*)(const char *, void **, int, unsigned long long, int *);
+using cuDriverGetVersion_t = CUresult (*)(int*);
+using cuGetProcAddress_v2_t = CUresult (*)(const char*, void**, int, unsigned long long, int*);
 
 int main() {
-  void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!cuda) {
     std::printf("no libcuda\n");
     std::fprintf(stderr, "dlopen(libcuda.so.1): %s\n", dlerror());
@@ -35,9 +35,9 @@ int main() {
   auto gpa = reinterpret_cast<cuGetProcAddress_v2_t>(dlsym(cuda, "cuGetProcAddress_v2"));
   std::printf("dlsym(cuGetProcAddress_v2): %s\n", gpa ? "found" : "missing");
   if (gpa) {
-    const char *const names[] = {"cuMemAlloc", "cuMemFree", "cuInit", "cuNoSuchEntryPoint"};
-    for (const char *name : names) {
-      void *fn = nullptr;
+    const char* const names[] = {"cuMemAlloc", "cuMemFree", "cuInit", "cuNoSuchEntryPoint"};
+    for (const char* name : names) {
+      void* fn = nullptr;
       int status = -1;
       CUresult r = gpa(name, &fn, 12000, 0, &status);
       std::printf("cuGetProcAddress_v2(%s, 12000) = %d, status %d, pointer %s\n", name, r, status,
@@ -45,7 +45,7 @@ int main() {
     }
   }
   dlerror();
-  void *missing = dlsym(cuda, "cuNoSuchFunction");
+  void* missing = dlsym(cuda, "cuNoSuchFunction");
   std::printf("dlsym(cuNoSuchFunction): %s\n", missing ? "found" : "NULL");
   std::fprintf(stderr, "cuda_driver_probe: done\n");
   return 0;

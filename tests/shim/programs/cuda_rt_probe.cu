@@ -8,11 +8,11 @@
 
 #include <cstdio>
 
-__global__ void touch(int *p) {
+__global__ void touch(int* p) {
   if (p) *p = 1;
 }
 
-static void report(const char *what, cudaError_t e) {
+static void report(const char* what, cudaError_t e) {
   std::printf("%s: %d %s\n", what, static_cast<int>(e), cudaGetErrorName(e));
 }
 
@@ -25,31 +25,33 @@ int main() {
   report("cudaDriverGetVersion", cudaDriverGetVersion(&driver));
   std::printf("driver version: %d\n", driver);
 
-  void *p = nullptr;
+  void* p = nullptr;
   report("cudaMalloc(1 MiB)", cudaMalloc(&p, 1 << 20));
   std::printf("cudaMalloc pointer: %s\n", p ? "set" : "null");
 
   size_t free_bytes = 0, total_bytes = 0;
   cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes);
   report("cudaMemGetInfo", e);
-  if (e == cudaSuccess) std::printf("free <= total: %s\n", free_bytes <= total_bytes ? "yes" : "no");
+  if (e == cudaSuccess)
+    std::printf("free <= total: %s\n", free_bytes <= total_bytes ? "yes" : "no");
 
-  touch<<<1, 1>>>(static_cast<int *>(p));
+  touch<<<1, 1>>>(static_cast<int*>(p));
   report("kernel launch", cudaGetLastError());
   report("cudaDeviceSynchronize", cudaDeviceSynchronize());
   report("cudaFree", cudaFree(p));
   report("cudaFree(nullptr)", cudaFree(nullptr));
 
-  void *q = nullptr;
+  void* q = nullptr;
   report("cudaMallocAsync(4 KiB)", cudaMallocAsync(&q, 4096, cudaStreamLegacy));
   std::printf("cudaMallocAsync pointer: %s\n", q ? "set" : "null");
   report("cudaFreeAsync", cudaFreeAsync(q, cudaStreamLegacy));
 
-  void *fn = nullptr;
+  void* fn = nullptr;
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
   report("cudaGetDriverEntryPointByVersion(cuMemAlloc, 12000)",
          cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 12000, cudaEnableDefault, &status));
-  std::printf("entry point status: %d, pointer: %s\n", static_cast<int>(status), fn ? "set" : "null");
+  std::printf("entry point status: %d, pointer: %s\n", static_cast<int>(status),
+              fn ? "set" : "null");
 
   report("cudaGetLastError", cudaGetLastError());
   std::fprintf(stderr, "cuda_rt_probe: done\n");

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cuarena/replay/cuda_check.hpp"
-#include "gpu_verify.cuh"
 #include "cuarena/replay/replay_loop.hpp"
+#include "gpu_verify.cuh"
 
 namespace cuarena::replay {
 

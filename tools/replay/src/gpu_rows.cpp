@@ -2,8 +2,8 @@
 // replayed by replay_gpu, and with --min-capacity held to each probed limit.
 #include <iostream>
 
-#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/errors.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/replay/gpu_capacity.hpp"
 #include "cuarena/replay/gpu_replay.hpp"
 

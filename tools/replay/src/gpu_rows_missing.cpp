@@ -1,6 +1,6 @@
 // The GPU rows in a build without CUDA (gpu_rows.cpp stands in where the toolkit was found).
-#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/errors.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 
 namespace cuarena::replay {
 

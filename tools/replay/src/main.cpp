@@ -4,8 +4,9 @@
 #include <iostream>
 #include <set>
 
-#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/errors.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
+#include "cuarena/replay/replay.hpp"
 #include "cuarena/replay/replay_command.hpp"
 #include "cuarena/replay/trace.hpp"
 
@@ -46,7 +47,8 @@ int main(int argc, char** argv) {
                    "GPU: tag every block with a kernel and check the tag before it is freed");
   replay->add_option("--device", ra.device, "GPU: CUDA device ordinal (default 0)");
   replay->add_option("--config", ra.config,
-                     "Allocator options, key:value,... (default: $CUARENA_CONF)");
+                     "Allocator options, key:value,... (default: $CUARENA_CONF; the keys: "
+                     "'cuarena config')");
   replay->add_option("--torch-conf", ra.torch_conf,
                      "Settings of the torch-*-sim rows in PYTORCH_CUDA_ALLOC_CONF syntax: "
                      "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, "
@@ -64,6 +66,13 @@ int main(int argc, char** argv) {
   convert->add_option("input", conv_in, "Trace file")->required();
   convert->add_option("output", conv_out, "Output .cuat file")->required();
 
+  bool markdown = false;
+  CLI::App* config = app.add_subcommand(
+      "config", "List the keys of --config and CUARENA_CONF: key:value of the defaults");
+  config->add_flag("--markdown", markdown,
+                   "Print the keys as a Markdown table (defaults, values, meaning), as README.md "
+                   "has it");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -79,6 +88,14 @@ int main(int argc, char** argv) {
   }
   try {
     if (*replay) return run_replay(ra);
+    if (*config) {
+      if (markdown)
+        std::cout << config_markdown_table();
+      else
+        std::cout << Config{}.to_string() << ',' << config_string(SimConfig::table(), SimConfig{})
+                  << '\n';
+      return 0;
+    }
     if (*convert) {
       write_cuat(conv_out, load_trace(conv_in));
       return 0;

@@ -8,8 +8,8 @@
 #include <unordered_set>
 
 #include "cuarena/allocator.hpp"
-#include "cuarena/sim_backend.hpp"
 #include "cuarena/replay/replay_loop.hpp"
+#include "cuarena/sim_backend.hpp"
 
 namespace cuarena::replay {
 
@@ -243,8 +243,9 @@ Result replay_recorded(const std::vector<Event>& events, bool series) {
   }
   if (r.ooms > 0) {
     const FreeExtents f = recorded_free(events, first_oom);
-    r.first_oom = Result::FirstOom{first_oom, events[first_oom].size, f.total, f.pieces,
-                                   f.largest, std::nullopt};  // the device's free: not recorded
+    r.first_oom =
+        Result::FirstOom{first_oom,   events[first_oom].size, f.total, f.pieces, f.largest,
+                         std::nullopt};  // the device's free: not recorded
   }
   r.peak_requested_bytes = peak_requested(events);
   r.reserved_ratio =
@@ -326,10 +327,12 @@ namespace {
 
 SimBackend::Options sim_options(const SimOptions& o) {
   SimBackend::Options so;
-  if (o.capacity) so.capacity = o.capacity;
-  else if (o.config.sim_capacity) so.capacity = o.config.sim_capacity;
-  so.granularity = o.config.sim_granularity;
-  so.event_latency = o.config.sim_event_latency;
+  if (o.capacity)
+    so.capacity = o.capacity;
+  else if (o.device.capacity)
+    so.capacity = o.device.capacity;
+  so.granularity = o.device.granularity;
+  so.event_latency = o.device.event_latency;
   so.segments = o.config.upstream != Upstream::kVmm;  // async/malloc: the segment upstream path
   return so;
 }
@@ -423,6 +426,17 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
 
 }  // namespace
 
+void parse_replay_config(std::string_view text, SimOptions& options) {
+  options.config = Config{};
+  options.device = SimConfig{};
+  parse_config(text, {ConfigTarget(Config::table(), options.config),
+                      ConfigTarget(SimConfig::table(), options.device)});
+}
+
+std::string config_markdown_table() {
+  return config_markdown(Config::table(), true) + config_markdown(SimConfig::table(), false);
+}
+
 std::uint64_t sim_capacity_bytes(const SimOptions& options) {
   return sim_options(options).capacity;
 }
@@ -479,8 +493,10 @@ std::optional<std::uint64_t> search_min_capacity(std::uint64_t step, std::uint64
   if (lo > 0) --lo;
   while (hi - lo > 1) {  // invariant: hi fits, lo does not (or is the floor)
     const std::uint64_t mid = lo + (hi - lo) / 2;
-    if (fits(mid * g)) hi = mid;
-    else lo = mid;
+    if (fits(mid * g))
+      hi = mid;
+    else
+      lo = mid;
   }
   return hi * g;
 }
@@ -492,13 +508,15 @@ std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& o
     o.capacity = capacity;
     return run_sim(events, o, std::string::npos).ooms == 0;
   };
-  return search_min_capacity(options.config.sim_granularity, peak_requested(events), known_good,
+  return search_min_capacity(options.device.granularity, peak_requested(events), known_good,
                              std::uint64_t{1} << 50, fits)
       .value_or(0);
 }
 
 std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t step) {
-  auto up = [step](std::uint64_t bytes) { return std::max(step, (bytes + step - 1) / step * step); };
+  auto up = [step](std::uint64_t bytes) {
+    return std::max(step, (bytes + step - 1) / step * step);
+  };
   const std::uint64_t near = up(std::uint64_t{2} << 20);  // 2 MiB, or one step if larger
   std::set<std::uint64_t> out;
   for (std::uint64_t d = near; d <= (std::uint64_t{16} << 20) || d == near; d += near)
@@ -508,9 +526,9 @@ std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t 
   return {out.begin(), out.end()};
 }
 
-CheckedMinCapacity checked_min_capacity(std::uint64_t step, std::uint64_t floor,
-                                        std::uint64_t known_good, std::uint64_t ceiling,
-                                        const std::function<std::uint64_t(std::uint64_t)>& ooms_at) {
+CheckedMinCapacity checked_min_capacity(
+    std::uint64_t step, std::uint64_t floor, std::uint64_t known_good, std::uint64_t ceiling,
+    const std::function<std::uint64_t(std::uint64_t)>& ooms_at) {
   auto fits = [&](std::uint64_t capacity) { return ooms_at(capacity) == 0; };
   CheckedMinCapacity out;
   out.searched = search_min_capacity(step, floor, known_good, ceiling, fits);
@@ -549,7 +567,7 @@ CheckedMinCapacity min_capacity_checked(const std::vector<Event>& events, const 
     o.capacity = capacity;
     return run_sim(events, o, std::string::npos).ooms;
   };
-  return checked_min_capacity(options.config.sim_granularity, peak_requested(events), known_good,
+  return checked_min_capacity(options.device.granularity, peak_requested(events), known_good,
                               std::uint64_t{1} << 50, ooms_at);
 }
 

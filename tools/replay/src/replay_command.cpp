@@ -3,12 +3,13 @@
 #include "cuarena/replay/replay_command.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 
-#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/config.hpp"
 #include "cuarena/errors.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/replay/torch_sim.hpp"
 
 namespace cuarena::replay {
@@ -24,16 +25,17 @@ SimOptions sim_options(const ReplayArgs& a) {
   SimOptions sim;
   if (a.config.empty()) {
     try {
-      sim.config = Config::from_env();
+      const char* env = std::getenv("CUARENA_CONF");
+      parse_replay_config(env ? env : "", sim);
     } catch (const ConfigError& e) {
       throw ConfigError(std::string("$CUARENA_CONF: ") + e.what());
     }
   } else {
-    sim.config = Config::parse(a.config);
+    parse_replay_config(a.config, sim);
   }
   if (!a.capacity.empty()) {
     sim.capacity = parse_size(a.capacity, "--capacity");
-    if (sim.capacity < sim.config.sim_granularity)
+    if (sim.capacity < sim.device.granularity)
       throw ConfigError("--capacity " + a.capacity + " is smaller than one granule");
     if (sim.capacity > kMaxDeviceBytes)
       throw ConfigError("--capacity " + a.capacity + " is larger than any device (at most 16TiB)");

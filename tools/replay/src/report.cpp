@@ -35,9 +35,9 @@ void Notes::flush(std::ostream& out) {
             << g.text << '\n';
       continue;
     }
-    out << "cuarena replay: " << g.trace << ": " << d.size() << " devices (" << d[0] << ", "
-        << d[1] << ", " << d[2] << (d.size() > 4 ? ", \u2026, " : ", ") << d.back()
-        << "): " << g.text << '\n';
+    out << "cuarena replay: " << g.trace << ": " << d.size() << " devices (" << d[0] << ", " << d[1]
+        << ", " << d[2] << (d.size() > 4 ? ", \u2026, " : ", ") << d.back() << "): " << g.text
+        << '\n';
   }
   groups_.clear();
   index_.clear();
@@ -61,9 +61,9 @@ std::string free_then(const Result::FirstOom& f, bool recorded) {
                        "device's own free memory)"
                      : "reserved memory (free device memory not known)");
   }
-  return " with " + format_bytes(*f.cached_free + *f.unreserved) + " free: " +
-         format_bytes(*f.cached_free) + " in " + pieces + " inside reserved memory and " +
-         format_bytes(*f.unreserved) + " not reserved";
+  return " with " + format_bytes(*f.cached_free + *f.unreserved) +
+         " free: " + format_bytes(*f.cached_free) + " in " + pieces +
+         " inside reserved memory and " + format_bytes(*f.unreserved) + " not reserved";
 }
 
 }  // namespace
@@ -94,8 +94,8 @@ std::string verdict(const Result& r) {
 void print_verdicts(std::ostream& out, const std::vector<Result>& results) {
   for (const Result& r : results) {
     if (r.verdict.empty()) continue;
-    out << r.trace << ' ' << r.allocator << (r.backend == "trace" ? "" : " on " + r.backend)
-        << ": " << r.verdict << '\n';
+    out << r.trace << ' ' << r.allocator << (r.backend == "trace" ? "" : " on " + r.backend) << ": "
+        << r.verdict << '\n';
   }
 }
 
@@ -103,8 +103,8 @@ void print_table(std::ostream& out, const std::vector<Result>& results) {
   bool any_min = false;
   for (const Result& r : results) any_min = any_min || r.min_capacity_bytes.has_value();
   std::vector<std::vector<std::string>> rows;
-  std::vector<std::string> head = {"trace", "allocator", "backend", "peak requested",
-                                   "peak reserved", "ratio"};
+  std::vector<std::string> head = {"trace",          "allocator",     "backend",
+                                   "peak requested", "peak reserved", "ratio"};
   if (any_min) head.push_back("min capacity");
   bool any_latency = false;
   for (const Result& r : results) any_latency = any_latency || r.latency_us.has_value();
@@ -126,17 +126,17 @@ void print_table(std::ostream& out, const std::vector<Result>& results) {
                                     format_bytes(r.peak_requested_bytes),
                                     format_bytes(r.peak_reserved_bytes),
                                     fixed(r.reserved_ratio, 4)};
-    if (any_min)
-      row.push_back(r.min_capacity_bytes ? format_bytes(*r.min_capacity_bytes) : "-");
+    if (any_min) row.push_back(r.min_capacity_bytes ? format_bytes(*r.min_capacity_bytes) : "-");
     row.push_back(fixed(r.external_fragmentation, 3));
     row.push_back(std::to_string(r.ooms));
     row.push_back(std::to_string(r.allocs));
     row.push_back(std::to_string(r.skipped_events));
     row.push_back(fixed(r.elapsed_s, 3));
     if (any_latency) {
-      for (double v : r.latency_us ? std::vector<double>{r.latency_us->alloc_p50, r.latency_us->alloc_p99,
-                                                          r.latency_us->free_p50, r.latency_us->free_p99}
-                                   : std::vector<double>(4, -1.0))
+      for (double v : r.latency_us
+                          ? std::vector<double>{r.latency_us->alloc_p50, r.latency_us->alloc_p99,
+                                                r.latency_us->free_p50, r.latency_us->free_p99}
+                          : std::vector<double>(4, -1.0))
         row.push_back(v < 0 ? "-" : fixed(v, 2));
     }
     rows.push_back(row);
@@ -183,7 +183,8 @@ void write_json(const std::string& path, const std::vector<Result>& results, boo
     if (!r.min_capacity_probes.empty()) {
       j["min_capacity_probes"] = nlohmann::json::array();
       for (const CapacityProbe& p : r.min_capacity_probes)
-        j["min_capacity_probes"].push_back({{"capacity_bytes", p.capacity_bytes}, {"ooms", p.ooms}});
+        j["min_capacity_probes"].push_back(
+            {{"capacity_bytes", p.capacity_bytes}, {"ooms", p.ooms}});
     }
     if (r.latency_us) {
       const auto& l = *r.latency_us;
@@ -252,7 +253,8 @@ std::vector<Result> read_json(const std::string& path) {
         const auto& f = j["free_us"];
         r.latency_us = Result::Latency{a["p50"], a["p99"], a["max"], f["p50"], f["p99"], f["max"]};
       }
-      if (j.contains("counters")) r.counters = j["counters"].get<std::map<std::string, std::int64_t>>();
+      if (j.contains("counters"))
+        r.counters = j["counters"].get<std::map<std::string, std::int64_t>>();
       if (j.contains("capacity_bytes")) r.capacity_bytes = j["capacity_bytes"];
       if (j.contains("first_oom")) {
         const auto& o = j["first_oom"];
@@ -335,7 +337,8 @@ void check_json(const std::string& path) {
 void check_report(const std::string& path) {
   const std::filesystem::path p(path);
   std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   if (ext != ".html" && ext != ".png")
     throw ConfigError("--report " + clip(path) +
                       ": give a file name ending in .html (the plot beside the table) or .png "
@@ -348,7 +351,8 @@ void check_report(const std::string& path) {
   if (!std::filesystem::is_directory(dir, ec))
     throw ConfigError("--report " + path + ": no directory " + dir);
   if (::access(dir.c_str(), W_OK) != 0)
-    throw ConfigError("--report " + path + ": cannot write in " + dir + ": " + std::strerror(errno));
+    throw ConfigError("--report " + path + ": cannot write in " + dir + ": " +
+                      std::strerror(errno));
   const std::string why = run_report_script({"--check"});
   if (!why.empty()) throw ConfigError("--report " + path + ": " + why);
 }

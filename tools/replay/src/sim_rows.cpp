@@ -1,8 +1,8 @@
 // The rows replayed without a GPU: recorded, cuarena on the simulator, the torch-*-sim models.
 #include <algorithm>
 
-#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/config.hpp"
+#include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/replay/torch_sim.hpp"
 
 namespace cuarena::replay {

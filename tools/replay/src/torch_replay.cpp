@@ -102,10 +102,14 @@ int main(int argc, char** argv) {
   GpuReplayOptions options;
   bool search = false;
   for (int i = 4; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--verify") == 0) options.verify = true;
-    else if (std::strcmp(argv[i], "--min-capacity") == 0) search = true;
-    else if (std::strcmp(argv[i], "--series") == 0) options.series = true;
-    else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc) options.device = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--verify") == 0)
+      options.verify = true;
+    else if (std::strcmp(argv[i], "--min-capacity") == 0)
+      search = true;
+    else if (std::strcmp(argv[i], "--series") == 0)
+      options.series = true;
+    else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+      options.device = std::atoi(argv[++i]);
     else {
       std::cerr << "cuarena_torch_replay: error: unknown argument " << argv[i] << '\n';
       return 2;

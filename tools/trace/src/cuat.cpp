@@ -11,7 +11,8 @@ namespace cuarena::cuat {
 void write(const std::string& path, const std::vector<Event>& events) {
   // Anything but a regular file (a device such as /dev/stdout) is written directly.
   std::error_code ec;
-  const bool regular = !std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec);
+  const bool regular =
+      !std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec);
   const std::string target = regular ? path + ".partial" : path;
   std::ofstream out(target, std::ios::binary);
   if (!out) throw WriteError(path + ": cannot open for writing: " + std::strerror(errno));

@@ -24,7 +24,8 @@ class CallLog {
   auto time(const char* call, F&& f) {
     const auto t0 = std::chrono::steady_clock::now();
     auto result = f();
-    us_[call] += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    us_[call] +=
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     return result;
   }
   std::size_t calls() const { return calls_; }

@@ -31,7 +31,8 @@ CUcontext primary_context(int device) {
   std::lock_guard lock(g_primary_mu);
   if (CUcontext c = g_primary[std::size_t(device)].load(std::memory_order_relaxed)) return c;
   CUcontext ctx = nullptr;
-  check(DriverApi::get().primary_ctx_retain(&ctx, device_handle(device)), "cuDevicePrimaryCtxRetain");
+  check(DriverApi::get().primary_ctx_retain(&ctx, device_handle(device)),
+        "cuDevicePrimaryCtxRetain");
   g_primary[std::size_t(device)].store(ctx, std::memory_order_release);
   return ctx;
 }

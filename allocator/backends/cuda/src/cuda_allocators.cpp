@@ -37,7 +37,8 @@ Allocator& CudaAllocators::owner(const void* ptr) {
   if (Allocator* a = only_.load(std::memory_order_acquire)) return *a;
   const int device = device_of(ptr);
   if (device < 0) {
-    throw InvalidPointerError("cuarena: pointer " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
+    throw InvalidPointerError("cuarena: pointer " +
+                              std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
                               " was not allocated by any device's cuarena allocator");
   }
   return *ready_[std::size_t(device)].load(std::memory_order_acquire);

@@ -5,8 +5,9 @@
 namespace cuarena {
 
 std::vector<CudaBackend::ExportPiece> CudaBackend::export_range(DevicePtr, std::size_t) {
-  throw BackendError("cuarena: this upstream's memory cannot be shared with another process "
-                     "(CUDA IPC needs upstream:vmm on a device that exports file descriptors)");
+  throw BackendError(
+      "cuarena: this upstream's memory cannot be shared with another process "
+      "(CUDA IPC needs upstream:vmm on a device that exports file descriptors)");
 }
 
 }  // namespace cuarena

@@ -1,18 +1,17 @@
 #include "cuarena/cuda_ipc.hpp"
 
 #include <cuda.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
 
-#include <sys/syscall.h>
-#include <unistd.h>
-
+#include "context.hpp"
 #include "cuarena/errors.hpp"
 #include "driver_api.hpp"
-#include "context.hpp"
 
 namespace cuarena::cuda_ipc {
 
@@ -33,7 +32,8 @@ struct Piece {
 };
 
 void sys_fail(const char* call) {
-  throw BackendError(std::string("cuarena: CUDA IPC: ") + call + " failed: " + std::strerror(errno));
+  throw BackendError(std::string("cuarena: CUDA IPC: ") + call +
+                     " failed: " + std::strerror(errno));
 }
 
 /// A file descriptor closed when it goes out of scope.
@@ -46,7 +46,8 @@ struct Fd {
 
 }  // namespace
 
-std::string encode(int device, std::size_t span, const std::vector<CudaBackend::ExportPiece>& pieces) {
+std::string encode(int device, std::size_t span,
+                   const std::vector<CudaBackend::ExportPiece>& pieces) {
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.pid = std::int32_t(::getpid());
@@ -82,12 +83,14 @@ std::shared_ptr<void> open(const std::string& handle) {
   cuda::check(api.address_reserve(&base, h.span, 0, 0, 0), "cuMemAddressReserve (IPC)");
   std::size_t mapped = 0;  // pieces mapped so far, undone on failure
   auto undo = [&] {
-    for (std::size_t i = 0; i < mapped; ++i) api.mem_unmap(base + pieces[i].offset, pieces[i].bytes);
+    for (std::size_t i = 0; i < mapped; ++i)
+      api.mem_unmap(base + pieces[i].offset, pieces[i].bytes);
     api.address_free(base, h.span);
   };
   try {
     for (const Piece& p : pieces) {
-      if (p.offset + p.bytes > h.span) throw std::invalid_argument("cuarena: IPC piece out of range");
+      if (p.offset + p.bytes > h.span)
+        throw std::invalid_argument("cuarena: IPC piece out of range");
       Fd fd{int(::syscall(SYS_pidfd_getfd, pidfd.fd, p.fd, 0))};
       if (fd.fd < 0) sys_fail("pidfd_getfd");
       CUmemGenericAllocationHandle mem = 0;

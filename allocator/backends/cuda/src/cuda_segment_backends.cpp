@@ -4,8 +4,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "cuarena/errors.hpp"
 #include "context.hpp"
+#include "cuarena/errors.hpp"
 #include "events.hpp"
 #include "runtime_check.hpp"
 
@@ -80,7 +80,8 @@ DevicePtr CudaMallocBackend::allocate_segment(std::size_t bytes, StreamId) {
 
 void CudaMallocBackend::free_segment(DevicePtr ptr, std::size_t) {
   DeviceGuard guard(impl_->device);
-  check_rt(impl_->log("cudaFree", [&] { return cudaFree(reinterpret_cast<void*>(ptr)); }), "cudaFree");
+  check_rt(impl_->log("cudaFree", [&] { return cudaFree(reinterpret_cast<void*>(ptr)); }),
+           "cudaFree");
 }
 
 // --- cudaMallocAsync ----------------------------------------------------------------------------
@@ -127,7 +128,8 @@ DevicePtr CudaAsyncBackend::allocate_segment(std::size_t bytes, StreamId stream)
 void CudaAsyncBackend::free_segment(DevicePtr ptr, std::size_t) {
   DeviceGuard guard(impl_->device);
   // Every use has completed (the core saw their events), so no stream needs to order the free.
-  check_rt(impl_->log("cudaFreeAsync", [&] { return cudaFreeAsync(reinterpret_cast<void*>(ptr), nullptr); }),
+  check_rt(impl_->log("cudaFreeAsync",
+                      [&] { return cudaFreeAsync(reinterpret_cast<void*>(ptr), nullptr); }),
            "cudaFreeAsync");
 }
 

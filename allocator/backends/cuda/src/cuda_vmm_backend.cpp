@@ -1,17 +1,16 @@
 #include "cuarena/cuda_vmm_backend.hpp"
 
 #include <cuda.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
-#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
-#include <unistd.h>
-
-#include "cuarena/errors.hpp"
 #include "context.hpp"
+#include "cuarena/errors.hpp"
 #include "driver_api.hpp"
 #include "events.hpp"
 
@@ -24,7 +23,7 @@ struct CudaVmmBackend::Impl {
   const cuda::DriverApi& api = cuda::DriverApi::get();
   int device = 0;
   CUcontext context = nullptr;  // null: the device's primary context
-  cuda::CallLog log;  // before events, which time into it
+  cuda::CallLog log;            // before events, which time into it
   cuda::EventPool events;
   std::size_t granule = 0;
   std::size_t capacity = 0;
@@ -69,7 +68,8 @@ CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity, void* context)
               "cuMemGetAllocationGranularity");
   // Exportable memory (CUDA IPC, torch.multiprocessing) where the device can: one trial
   // allocation tells, since a sandbox may refuse the handle type the attribute promises.
-  if (cuda::device_attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device)) {
+  if (cuda::device_attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                             device)) {
     m.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     CUmemGenericAllocationHandle probe = 0;
     if (m.api.mem_create(&probe, m.granule, &m.prop, 0) == CUDA_SUCCESS) {
@@ -111,7 +111,8 @@ DevicePtr CudaVmmBackend::reserve_address(std::size_t bytes) {
 }
 
 void CudaVmmBackend::release_address(DevicePtr va, std::size_t bytes) {
-  cuda::check(impl_->log("cuMemAddressFree", [&] { return impl_->api.address_free(CUdeviceptr(va), bytes); }),
+  cuda::check(impl_->log("cuMemAddressFree",
+                         [&] { return impl_->api.address_free(CUdeviceptr(va), bytes); }),
               "cuMemAddressFree");
 }
 
@@ -177,14 +178,14 @@ void CudaVmmBackend::map_no_access(DevicePtr va, std::size_t bytes, PhysHandle c
 
 void CudaVmmBackend::set_access(DevicePtr va, std::size_t bytes) {
   Impl& m = *impl_;
-  const CUresult r =
-      m.log("cuMemSetAccess", [&] { return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1); });
+  const CUresult r = m.log(
+      "cuMemSetAccess", [&] { return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1); });
   if (r != CUDA_SUCCESS)
     throw BackendError(m.api.describe(r, "cuMemSetAccess(" + std::to_string(bytes) + " bytes)"));
 }
 
-void CudaVmmBackend::map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk,
-                              std::size_t offset, bool access) {
+void CudaVmmBackend::map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset,
+                              bool access) {
   Impl& m = *impl_;
   const std::size_t g = m.granule;
   const Impl::Chunk& c = m.chunks.at(chunk);
@@ -192,12 +193,14 @@ void CudaVmmBackend::map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk,
   if (c.whole) {
     if (offset != 0 || bytes != c.bytes)
       throw BackendError("cuarena: map of part of a whole chunk (the driver maps handles whole)");
-    cuda::check(m.log("cuMemMap", [&] { return m.api.mem_map(CUdeviceptr(va), bytes, 0, handles.front(), 0); }),
+    cuda::check(m.log("cuMemMap",
+                      [&] { return m.api.mem_map(CUdeviceptr(va), bytes, 0, handles.front(), 0); }),
                 "cuMemMap");
     m.whole_maps.emplace(va, bytes);
     if (!access) return;
-    const CUresult r =
-        m.log("cuMemSetAccess", [&] { return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1); });
+    const CUresult r = m.log("cuMemSetAccess", [&] {
+      return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1);
+    });
     if (r != CUDA_SUCCESS) {
       m.api.mem_unmap(CUdeviceptr(va), bytes);
       m.whole_maps.erase(va);
@@ -216,8 +219,8 @@ void CudaVmmBackend::map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk,
     }
   }
   if (!access) return;
-  const CUresult r =
-      m.log("cuMemSetAccess", [&] { return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1); });
+  const CUresult r = m.log(
+      "cuMemSetAccess", [&] { return m.api.mem_set_access(CUdeviceptr(va), bytes, &m.access, 1); });
   if (r != CUDA_SUCCESS) {
     for (std::size_t u = 0; u < bytes; u += g) m.api.mem_unmap(CUdeviceptr(va + u), g);
     throw BackendError(m.api.describe(r, "cuMemSetAccess(" + std::to_string(bytes) + " bytes)"));
@@ -233,11 +236,13 @@ void CudaVmmBackend::unmap(DevicePtr va, std::size_t bytes) {
     std::size_t len = m.granule;
     if (auto it = m.whole_maps.find(va + done); it != m.whole_maps.end()) {
       len = it->second;
-      if (done + len > bytes) throw BackendError("cuarena: unmap of part of a whole chunk's mapping");
+      if (done + len > bytes)
+        throw BackendError("cuarena: unmap of part of a whole chunk's mapping");
     }
     done += len;
   }
-  cuda::check(m.log("cuMemUnmap", [&] { return m.api.mem_unmap(CUdeviceptr(va), bytes); }), "cuMemUnmap");
+  cuda::check(m.log("cuMemUnmap", [&] { return m.api.mem_unmap(CUdeviceptr(va), bytes); }),
+              "cuMemUnmap");
   for (auto it = m.whole_maps.lower_bound(va); it != m.whole_maps.end() && it->first < va + bytes;)
     it = m.whole_maps.erase(it);
 }
@@ -262,7 +267,8 @@ std::vector<CudaBackend::ExportPiece> CudaVmmBackend::export_range(DevicePtr va,
     }
     // cuMemRetainAllocationHandle returns the handle cuMemCreate gave, with one more reference.
     CUmemGenericAllocationHandle h = 0;
-    cuda::check(m.api.retain_handle(&h, reinterpret_cast<void*>(at)), "cuMemRetainAllocationHandle");
+    cuda::check(m.api.retain_handle(&h, reinterpret_cast<void*>(at)),
+                "cuMemRetainAllocationHandle");
     m.api.mem_release(h);
     auto e = m.exported.find(h);
     if (e == m.exported.end()) {

@@ -43,7 +43,9 @@ void resolve(Fn& fn, const char* symbol) {
 
 }  // namespace
 
-void set_driver_resolver(DriverResolver resolver) { g_resolver = resolver ? resolver : driver_resolve; }
+void set_driver_resolver(DriverResolver resolver) {
+  g_resolver = resolver ? resolver : driver_resolve;
+}
 
 const DriverApi& DriverApi::get() {
   static const DriverApi api = [] {

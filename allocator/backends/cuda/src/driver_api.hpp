@@ -40,8 +40,8 @@ struct DriverApi {
   decltype(&::cuEventSynchronize) event_synchronize = nullptr;
   decltype(&::cuEventDestroy_v2) event_destroy = nullptr;
 
-  /// The process-wide table, built on first use through the resolver (driver_resolver.hpp); throws BackendError if the driver
-  /// (libcuda.so.1) or an entry point is missing.
+  /// The process-wide table, built on first use through the resolver (driver_resolver.hpp); throws
+  /// BackendError if the driver (libcuda.so.1) or an entry point is missing.
   static const DriverApi& get();
 
   /// "cuMemMap(...): CUDA_ERROR_... (message)" for an error message.

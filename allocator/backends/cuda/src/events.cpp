@@ -37,7 +37,8 @@ EventId EventPool::record(StreamId stream) {
 
 bool EventPool::completed(EventId event) {
   const DriverApi& api = DriverApi::get();
-  const CUresult r = log_.time("cudaEventQuery", [&] { return api.event_query(events_.at(event - 1)); });
+  const CUresult r =
+      log_.time("cudaEventQuery", [&] { return api.event_query(events_.at(event - 1)); });
   if (r == CUDA_ERROR_NOT_READY) return false;
   check(r, "cuEventQuery");
   return true;

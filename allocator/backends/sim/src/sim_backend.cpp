@@ -4,7 +4,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuarena/config.hpp"
 #include "cuarena/errors.hpp"
+#include "cuarena/types.hpp"
 
 namespace cuarena {
 
@@ -12,10 +14,24 @@ namespace {
 constexpr DevicePtr kVaBase = DevicePtr{1} << 44;  // where simulated address space starts
 constexpr DevicePtr kVaEnd = DevicePtr{1} << 47;
 
-[[noreturn]] void misuse(const std::string& what) {
-  throw std::logic_error("SimBackend: " + what);
-}
+[[noreturn]] void misuse(const std::string& what) { throw std::logic_error("SimBackend: " + what); }
 }  // namespace
+
+const ConfigTable<SimConfig>& SimConfig::table() {
+  using S = SimConfig;
+  static const ConfigTable<SimConfig> rows = {
+      uint_key("sim_event_latency", &S::event_latency, 0, std::uint64_t{1} << 30,
+               "simulator: an event completes this many clock ticks (trace events) after it is "
+               "recorded"),
+      size_key("sim_capacity", &S::capacity, 0, kMaxDeviceBytes,
+               "simulator: device bytes (0: " + size_text(SimBackend::kDefaultCapacity) + ")"),
+      // Devices map in granules of 64 KiB (older GPUs) to 2 MiB; smaller ones would make the
+      // simulator's per-granule tables huge for nothing.
+      size_key("sim_granularity", &S::granularity, 64 * KiB, 1 * GiB, "simulator: granule size",
+               /*pow2=*/true),
+  };
+  return rows;
+}
 
 SimBackend::SimBackend(Options options) : options_(options), next_va_(kVaBase) {
   const std::size_t g = options_.granularity;
@@ -86,7 +102,8 @@ PhysHandle SimBackend::create_physical(std::size_t bytes) {
 }
 
 std::size_t SimBackend::live_whole_chunks() const {
-  return std::size_t(std::count_if(chunks_.begin(), chunks_.end(), [](const auto& c) { return c.second.whole; }));
+  return std::size_t(
+      std::count_if(chunks_.begin(), chunks_.end(), [](const auto& c) { return c.second.whole; }));
 }
 
 PhysHandle SimBackend::create_whole_physical(std::size_t bytes) {
@@ -140,8 +157,8 @@ void SimBackend::set_access(DevicePtr va, std::size_t bytes) {
   ++set_access_calls_;
 }
 
-void SimBackend::map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk,
-                              std::size_t offset, bool access) {
+void SimBackend::map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset,
+                              bool access) {
   require_mapping("map");
   Range& r = range_of(va, bytes, "map");
   auto it = chunks_.find(chunk);

@@ -47,7 +47,8 @@ T load_le(const unsigned char* p) {
 
 template <class T>
 void store_le(unsigned char* p, T v) {
-  for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<unsigned char>(std::uint64_t(v) >> (8 * i));
+  for (std::size_t i = 0; i < sizeof(T); ++i)
+    p[i] = static_cast<unsigned char>(std::uint64_t(v) >> (8 * i));
 }
 
 /// A write that failed; what() names the file and the cause.

@@ -1,6 +1,6 @@
 // CudaAllocators: one cuarena Allocator per CUDA device, created on first use, each over its own
-// backend of the configured upstream (make_cuda_backend). A pointer is always returned to the device that allocated it, whichever
-// device is current when it is freed.
+// backend of the configured upstream (make_cuda_backend). A pointer is always returned to the
+// device that allocated it, whichever device is current when it is freed.
 //
 // Thread semantics: every member is safe to call concurrently; after a device's first use,
 // finding its allocator takes no lock (so threads scale as far as Allocator does), and with a
@@ -54,12 +54,12 @@ class CudaAllocators {
   Allocator& owner(const void* ptr);
 
   Config config_;
-  std::mutex create_mu_;  // guards creation; each Allocator locks itself
+  std::mutex create_mu_;                        // guards creation; each Allocator locks itself
   std::array<PerDevice, kMaxDevices> devices_;  // written under create_mu_ only
   std::array<std::atomic<Allocator*>, kMaxDevices> ready_{};  // published once created
   std::atomic<int> created_{0};
   std::atomic<Allocator*> only_{nullptr};  // the allocator while exactly one device has one
-  std::atomic<int> only_device_{-1};        // its device
+  std::atomic<int> only_device_{-1};       // its device
 };
 
 }  // namespace cuarena

@@ -3,11 +3,12 @@
 // A physical chunk of n granules is n cuMemCreate handles of one granule each (pinned device
 // memory, granularity from cuMemGetAllocationGranularity): cuMemMap maps only whole handles and
 // cuMemUnmap unmaps only whole mappings, while the core maps, aliases and unmaps single
-// granules. A whole chunk (create_whole_physical) is one handle, which the core maps whole. Virtual ranges come from cuMemAddressReserve; one cuMemSetAccess covers each mapped
-// run. It uses the driver API alone (no CUDA runtime), with entry points resolved at run time
-// (driver_api.hpp): nothing links libcuda or libcudart, so the LD_PRELOAD shim can build on it
-// and never recurses into its own hooks. Events are CUevents with timing disabled, pooled and
-// reused; a StreamId is a CUstream (= cudaStream_t) cast to an integer.
+// granules. A whole chunk (create_whole_physical) is one handle, which the core maps whole. Virtual
+// ranges come from cuMemAddressReserve; one cuMemSetAccess covers each mapped run. It uses the
+// driver API alone (no CUDA runtime), with entry points resolved at run time (driver_api.hpp):
+// nothing links libcuda or libcudart, so the LD_PRELOAD shim can build on it and never recurses
+// into its own hooks. Events are CUevents with timing disabled, pooled and reused; a StreamId is a
+// CUstream (= cudaStream_t) cast to an integer.
 //
 // Errors: a failed driver call throws BackendError naming the call, its arguments and the
 // driver's message; out-of-memory from cuMemCreate is reported as 0 (the core then
@@ -59,8 +60,7 @@ class CudaVmmBackend final : public CudaBackend {
   std::vector<ExportPiece> export_range(DevicePtr va, std::size_t bytes) override;
 
  private:
-  void map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset,
-                bool access);
+  void map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset, bool access);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -26,16 +26,32 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cuarena/config_table.hpp"
 #include "cuarena/device_backend.hpp"
 
 namespace cuarena {
 
+/// The simulator's keys of a config string (sim_event_latency, sim_capacity, sim_granularity),
+/// kept out of the core's Config: the replayer's --config reads them next to the core's keys
+/// (parse_config with both tables).
+struct SimConfig {
+  std::uint64_t event_latency = 1;                 ///< ticks until an event completes
+  std::size_t capacity = 0;                        ///< device bytes; 0: Options' default
+  std::size_t granularity = std::size_t{2} << 20;  ///< granule bytes
+
+  static const ConfigTable<SimConfig>& table();
+  bool operator==(const SimConfig&) const = default;
+};
+
 class SimBackend final : public DeviceBackend {
  public:
+  /// The recorded H200's memory: the simulated device's capacity unless told otherwise.
+  static constexpr std::size_t kDefaultCapacity = std::size_t{143771} << 20;
+
   struct Options {
-    std::size_t capacity = std::size_t{143771} << 20;  ///< bytes; the recorded H200's
-    std::size_t granularity = std::size_t{2} << 20;    ///< bytes, a power of two
-    std::uint64_t event_latency = 1;                   ///< ticks until an event completes
+    std::size_t capacity = kDefaultCapacity;         ///< bytes
+    std::size_t granularity = std::size_t{2} << 20;  ///< bytes, a power of two
+    std::uint64_t event_latency = 1;                 ///< ticks until an event completes
     bool segments = false;  ///< model a segment upstream (no mapping) instead of VMM
   };
   explicit SimBackend(Options options);
@@ -104,7 +120,7 @@ class SimBackend final : public DeviceBackend {
     std::vector<PhysHandle> mapped;   // per granule: the chunk mapped there, 0 if none
     std::vector<std::size_t> offset;  // per granule: its byte offset in that chunk
     std::vector<bool> access;         // per granule: mapped with access granted
-    bool segment = false;            // from allocate_segment(): backed by its own chunk
+    bool segment = false;             // from allocate_segment(): backed by its own chunk
   };
   struct Chunk {
     std::size_t bytes;

@@ -31,9 +31,9 @@ std::unique_ptr<GpuAllocator> limit_reserved(GpuAllocator& inner, std::uint64_t 
 /// Stops at the first one; no verification kernels. Throws as replay_gpu().
 bool replays_within(const std::vector<Event>& events, GpuAllocator& allocator, int device);
 
-/// search_min_capacity() in kCapacityStep steps for one GPU row: floor = the events' peak requested bytes, ceiling =
-/// `device`'s total memory. `fits(limit)` builds the allocator held to `limit` and calls
-/// replays_within().
+/// search_min_capacity() in kCapacityStep steps for one GPU row: floor = the events' peak requested
+/// bytes, ceiling = `device`'s total memory. `fits(limit)` builds the allocator held to `limit` and
+/// calls replays_within().
 std::optional<std::uint64_t> gpu_min_capacity(const std::vector<Event>& events, int device,
                                               std::uint64_t known_good,
                                               const std::function<bool(std::uint64_t)>& fits);

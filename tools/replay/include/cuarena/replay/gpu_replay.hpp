@@ -69,7 +69,7 @@ std::unique_ptr<GpuAllocator> make_gpu_allocator(const std::string& name, int de
                                                  const Config& config, std::uint64_t limit = 0);
 
 struct GpuReplayOptions {
-  bool verify = false;   ///< tag every block with a kernel and check the tag before its free
+  bool verify = false;  ///< tag every block with a kernel and check the tag before its free
   int device = 0;
   bool stop_at_oom = false;  ///< end at the first out-of-memory (the capacity search)
   /// Fill Result::series: the allocator's reserved bytes read after every event (after frees

@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "cuarena/config.hpp"
-#include "cuarena/stats.hpp"
 #include "cuarena/replay/trace.hpp"
+#include "cuarena/sim_backend.hpp"
+#include "cuarena/stats.hpp"
 
 namespace cuarena::replay {
 
@@ -65,8 +66,8 @@ struct Result {
   /// the capacities above it replayed, with their failures.
   std::optional<std::uint64_t> min_capacity_search_bytes;
   std::vector<CapacityProbe> min_capacity_probes;
-  double external_fragmentation = 0;  ///< at the moment of peak reserved
-  std::uint64_t free_at_peak_bytes = 0;  ///< reserved but not allocated, at that moment
+  double external_fragmentation = 0;       ///< at the moment of peak reserved
+  std::uint64_t free_at_peak_bytes = 0;    ///< reserved but not allocated, at that moment
   std::uint64_t rounding_waste_bytes = 0;  ///< allocated - requested at that moment
   std::uint64_t ooms = 0;
   std::uint64_t allocs = 0;
@@ -134,7 +135,8 @@ CrossStreamFrees cross_stream_frees(const std::vector<Event>& events);
 
 struct SimOptions {
   Config config;
-  std::size_t capacity = 0;  ///< bytes; 0: config.sim_capacity or the recorded H200's
+  SimConfig device{};        ///< the simulator's keys (sim_event_latency, ...)
+  std::size_t capacity = 0;  ///< bytes; 0: device.capacity or the recorded H200's
   std::string torch_conf{};  ///< PYTORCH_CUDA_ALLOC_CONF-style settings of the torch-*-sim rows
   bool series = false;       ///< fill Result::series (the row's replay; capacity probes never)
   /// Called after each allocation of the row's replay (not its re-run to the peak, nor capacity
@@ -142,6 +144,14 @@ struct SimOptions {
   /// see which memory each allocation got.
   std::function<void(std::size_t event, const void* ptr)> on_allocate{};
 };
+
+/// Parses a config string of the core's keys and the simulator's (`sim_*`) into `options`
+/// (config and device), from their defaults. Throws ConfigError as parse_config().
+void parse_replay_config(std::string_view text, SimOptions& options);
+
+/// The Markdown table of every key --config takes (the core's, then the simulator's), with
+/// defaults: README.md's Configuration table is this text (a test holds them equal).
+std::string config_markdown_table();
 
 /// The simulated device's bytes under `options` (--capacity, else sim_capacity, else the
 /// recorded H200's 143771 MiB).
@@ -174,7 +184,7 @@ std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t 
 /// probed (or searched) above which every probe fits. A probe that fails with nothing probed
 /// above it starts a new search above that probe (three rounds at most).
 struct CheckedMinCapacity {
-  std::optional<std::uint64_t> bytes;     ///< the answer; nullopt when nothing up to the ceiling fits
+  std::optional<std::uint64_t> bytes;  ///< the answer; nullopt when nothing up to the ceiling fits
   std::optional<std::uint64_t> searched;  ///< the binary search's first answer
   std::vector<CapacityProbe> probes;      ///< every probe, in the order made
 };

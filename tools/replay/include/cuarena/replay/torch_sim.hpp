@@ -28,11 +28,11 @@ struct TorchConf {
   /// Intervals of roundup_power2_divisions: [1 MiB * 2^i, 1 MiB * 2^(i+1)), the last open.
   static constexpr std::size_t kIntervals = 16;
 
-  std::uint64_t max_split_size = kNoLimit;               ///< max_split_size_mb, in bytes
-  std::uint64_t max_non_split_rounding = 20ull << 20;    ///< max_non_split_rounding_mb, in bytes
+  std::uint64_t max_split_size = kNoLimit;             ///< max_split_size_mb, in bytes
+  std::uint64_t max_non_split_rounding = 20ull << 20;  ///< max_non_split_rounding_mb, in bytes
   std::array<std::uint64_t, kIntervals> roundup_power2_divisions{};  ///< 0: plain 512 B rounding
-  double garbage_collection_threshold = 0;               ///< 0: off
-  std::optional<bool> expandable_segments;               ///< set when the string names it
+  double garbage_collection_threshold = 0;                           ///< 0: off
+  std::optional<bool> expandable_segments;  ///< set when the string names it
 
   /// Parses `text`; throws ConfigError naming the key (an unknown one, or a bad value).
   static TorchConf parse(const std::string& text);
@@ -69,7 +69,7 @@ class TorchCachingSim {
   };
 
   struct FreeInfo {
-    std::uint64_t free_bytes = 0;     ///< reserved (mapped) but not allocated
+    std::uint64_t free_bytes = 0;  ///< reserved (mapped) but not allocated
     std::uint64_t largest_free = 0;
     std::uint64_t free_blocks = 0;
   };
@@ -173,7 +173,7 @@ struct TorchSimOptions {
   TorchConf conf;
   bool expandable = false;
   std::uint64_t capacity = 0;  ///< 0: the recorded H200's 143771 MiB and no memory fraction
-  bool series = false;         ///< fill Result::series (replay_torch_sim; the capacity search never)
+  bool series = false;  ///< fill Result::series (replay_torch_sim; the capacity search never)
 };
 
 /// Replays events (alloc, free_requested, free_completed) through TorchCachingSim. The row is
@@ -193,7 +193,7 @@ bool is_torch_sim(const std::string& allocator);
 /// the torch-*-sim rows asked for. Throws ConfigError naming the problem.
 void check_torch_conf(const std::string& torch_conf, const std::vector<std::string>& allocators);
 /// One torch-*-sim row: the settings from options.torch_conf, the device limit from
-/// options.capacity or config.sim_capacity (0: the H200, no memory fraction); with
+/// options.capacity or device.capacity (0: the H200, no memory fraction); with
 /// `min_capacity`, also its smallest capacity.
 Result replay_torch_sim_row(const std::string& allocator, const std::vector<Event>& events,
                             const SimOptions& options, bool min_capacity);

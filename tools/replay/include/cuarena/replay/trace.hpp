@@ -1,6 +1,6 @@
 // Trace input for the replayer: the compact `.cuat` format (tools/trace/FORMAT.md), read here,
-// and everything else (PyTorch snapshots, RMM CSVs) converted to it by tools/trace/cuarena_trace.py,
-// which uses Python's own pickle.
+// and everything else (PyTorch snapshots, RMM CSVs) converted to it by
+// tools/trace/cuarena_trace.py, which uses Python's own pickle.
 #pragma once
 
 #include <cstdint>

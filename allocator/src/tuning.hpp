@@ -1,0 +1,80 @@
+// The policy's fixed numbers, each with why it has that value. What users may change is in
+// Config (cuarena/config.hpp); these are the numbers no user has needed to change.
+#pragma once
+
+#include <cstddef>
+
+#include "cuarena/types.hpp"
+
+namespace cuarena::detail::tuning {
+
+// --- Virtual address space ------------------------------------------------------------------
+
+/// An arena reserves this many times the device's capacity (va_reserve:0): room to place every
+/// request at a fresh address many times over before a second arena is needed; address space
+/// costs nothing physical.
+inline constexpr std::size_t kVaReserveFactor = 4;
+
+// --- Segment upstreams (cudaMalloc, cudaMallocAsync) -------------------------------------------
+
+/// Requests up to this size get a one-granule segment (PyTorch's kSmallSize/kSmallBuffer).
+inline constexpr std::size_t kSmallSegmentRequest = 1 * MiB;
+/// Requests under this size share a segment of kMediumSegmentGranules (PyTorch's kMinLargeAlloc
+/// and kLargeBuffer, 20 MiB at 2 MiB granules); larger ones get a segment of their own size.
+inline constexpr std::size_t kMediumSegmentRequest = 10 * MiB;
+inline constexpr std::size_t kMediumSegmentGranules = 10;
+
+// --- Block placement ---------------------------------------------------------------------------
+
+/// Free blocks best_fit() weighs (the smallest that fit, the stream's own and the shared ones in
+/// one order): picking the first that needs no driver call, else the one missing the fewest
+/// granules, stops a training loop from moving memory every iteration, and bounding the count
+/// keeps the search O(log n).
+inline constexpr int kBackedFitCandidates = 8;
+
+// --- Whole chunks ------------------------------------------------------------------------------
+
+/// Shortest run of fresh granules made a whole chunk: a one-granule whole chunk is a single
+/// granule that could not move as freely.
+inline constexpr std::size_t kMinWholeRunGranules = 2;
+/// A whole chunk is at most 1/kWholeChunkReservedShare of the memory already reserved: a chunk
+/// partly under a live block cannot move, so a small workload gets small chunks (simulated
+/// bert_varlen_infer: reserved_ratio 1.35 without the rule, 1.22 with it).
+inline constexpr std::size_t kWholeChunkReservedShare = 16;
+/// ... but the share never caps a chunk below this, so the first chunks of a process are not a
+/// few granules each (one driver call per chunk is what whole chunks save).
+inline constexpr std::size_t kWholeChunkMinCap = 32 * MiB;
+
+// --- Driver calls ------------------------------------------------------------------------------
+
+/// Holes of one request further apart than this many granules get separate access grants: a
+/// grant's cost barely grows with its size (~40 us for 2 MiB, ~85 us for 2 GiB on an H200), but
+/// a grant over a long stretch of other mappings costs per mapping it spans.
+inline constexpr std::size_t kMaxAccessGapGranules = 64;
+
+// --- Streams -----------------------------------------------------------------------------------
+
+/// Sweep events in flight per stream: a few let frees become shared in steps while a slow
+/// kernel runs; past this many the newest is replaced by one covering the latest frees, so the
+/// events held per stream stay bounded without ever waiting.
+inline constexpr std::size_t kMaxSweepsPerStream = 4;
+
+// --- Threads -----------------------------------------------------------------------------------
+
+/// Blocks a stream's cache holds at most (besides stream_cache_bytes): a take scans the cache,
+/// so it stays a few cache lines; a full cache is drained under the lock.
+inline constexpr std::size_t kStreamCacheBlocks = 64;
+/// Streams that get a cache (others free under the lock): a power of two hashed by the stream's
+/// top 8 bits, far above the streams of one process in practice (cuDNN makes 32).
+inline constexpr std::size_t kStreamCacheSlots = 256;
+/// Spin-locked stripes of the live table: enough that 16 threads rarely meet on one (each holds
+/// a stripe for one table operation); each stripe is one cache line.
+inline constexpr std::size_t kLiveTableStripes = 256;
+
+// --- Slabs -------------------------------------------------------------------------------------
+
+/// Most slots one slab has (slab_size / class size): slot indices are 32-bit, and a 1 GiB slab
+/// of 512 B slots needs 2^21; 2^24 leaves room for any slab_size accepted.
+inline constexpr std::size_t kMaxSlabSlots = std::size_t{1} << 24;
+
+}  // namespace cuarena::detail::tuning
