@@ -415,6 +415,63 @@ def test_error_lines_quoting_huge_fields_are_clipped(tmp_path):
         assert "\u2026 (" in line and len(line) < 800, line[:1000]
 
 
+TiB = 1 << 40
+
+
+def limited(max_bytes):
+    """preexec_fn: the child's address space capped, so a runaway allocation fails fast."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (max_bytes, max_bytes))
+
+
+def test_sums_beyond_any_device_are_refused_not_wrapped(tmp_path):
+    # Each size is allowed (at most 16 TiB); their sums are not: 2^20 of them would wrap 64 bits.
+    live = cuat_file(tmp_path, [record(addr=0x1000, size=16 * TiB), record(addr=0x2000)])
+    segments = cuat_file(tmp_path, [record(action=3, addr=1 << 46, size=16 * TiB),
+                                    record(action=3, addr=1 << 47, size=16 * TiB), record()])
+    released = cuat_file(tmp_path, [record(action=4, addr=1 << 46, size=16 * TiB),
+                                    record(action=4, addr=1 << 47, size=16 * TiB), record()])
+    for path, what in ((live, "the live allocations"), (segments, "the recorded segments"),
+                       (released, "the recorded segments")):
+        proc = run("replay", path, "--allocator", "recorded,cuarena")
+        assert proc.returncode == 2, proc.stderr
+        [line] = proc.stderr.strip().splitlines()
+        assert line == f"cuarena: error: {path}: device 0, event 1: {what} add up to more than " \
+                       "any device holds (16 TiB)", line
+    # Exactly 16 TiB live is a device's worth, not refused.
+    full = cuat_file(tmp_path, [record(addr=0x1000, size=16 * TiB - 512), record(addr=0x2000)])
+    assert run("replay", full, "--allocator", "torch-native-sim").returncode == 0
+
+
+def test_min_capacity_above_the_largest_device_is_a_note_not_a_crash(tmp_path):
+    # 16 TiB requested, but cuarena needs one more granule for the small block: no simulated
+    # device fits. The search stops at 16 TiB (it went on to 32 TiB and ran out of simulated
+    # address space, exit 3). 1 GiB granules keep the 16 TiB replay cheap.
+    path = cuat_file(tmp_path, [record(addr=1 << 30, size=16 * TiB - 512), record(addr=16)])
+    proc = run("replay", path, "--min-capacity", "--allocator", "cuarena", "--config",
+               "sim_granularity:1GiB")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().endswith(
+        "cuarena: no capacity up to 16.00 TiB (the largest simulated device) replays without "
+        "out-of-memory"), proc.stderr
+
+
+def test_fine_granules_are_bounded_by_the_device_not_the_address_space(tmp_path):
+    # Too many granules for the simulator: refused, naming the option and the bound ...
+    proc = run("replay", TRACES / "resnet50_amp.pickle.gz", "--capacity", "16TiB", "--config",
+               "sim_granularity:64KiB")
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("cuarena: error: --capacity 16TiB is 268435456 granules") \
+        and "at most 8388608 (512.00 GiB at this granularity)" in line, line
+    # ... while a large address-space reservation costs nothing until it is mapped (the
+    # simulator kept three words per reserved granule: 17 GB here).
+    proc = subprocess.run([cli(), "replay", TRACES / "resnet50_amp.pickle.gz", "--allocator",
+                           "cuarena", "--config", "va_reserve:64TiB,sim_granularity:64KiB"],
+                          capture_output=True, text=True, preexec_fn=limited(2 << 30))
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_notes_for_many_devices_are_one_line(tmp_path):
     # No segment events on any device: one note for all 40, not 40 notes.
     path = snapshot(tmp_path, [[ev("alloc", 0x1000, 512), ev("free_completed", 0x1000, 512)]] * 40)

@@ -8,8 +8,8 @@
 #include <unordered_set>
 
 #include "cuarena/allocator.hpp"
-#include "cuarena/sim_backend.hpp"
 #include "cuarena/replay/replay_loop.hpp"
+#include "cuarena/sim_backend.hpp"
 
 namespace cuarena::replay {
 
@@ -243,8 +243,9 @@ Result replay_recorded(const std::vector<Event>& events, bool series) {
   }
   if (r.ooms > 0) {
     const FreeExtents f = recorded_free(events, first_oom);
-    r.first_oom = Result::FirstOom{first_oom, events[first_oom].size, f.total, f.pieces,
-                                   f.largest, std::nullopt};  // the device's free: not recorded
+    r.first_oom =
+        Result::FirstOom{first_oom,   events[first_oom].size, f.total, f.pieces, f.largest,
+                         std::nullopt};  // the device's free: not recorded
   }
   r.peak_requested_bytes = peak_requested(events);
   r.reserved_ratio =
@@ -326,8 +327,10 @@ namespace {
 
 SimBackend::Options sim_options(const SimOptions& o) {
   SimBackend::Options so;
-  if (o.capacity) so.capacity = o.capacity;
-  else if (o.config.sim_capacity) so.capacity = o.config.sim_capacity;
+  if (o.capacity)
+    so.capacity = o.capacity;
+  else if (o.config.sim_capacity)
+    so.capacity = o.config.sim_capacity;
   so.granularity = o.config.sim_granularity;
   so.event_latency = o.config.sim_event_latency;
   so.segments = o.config.upstream != Upstream::kVmm;  // async/malloc: the segment upstream path
@@ -427,6 +430,35 @@ std::uint64_t sim_capacity_bytes(const SimOptions& options) {
   return sim_options(options).capacity;
 }
 
+std::uint64_t max_sim_capacity(std::uint64_t granularity) {
+  return std::min<std::uint64_t>(kMaxDeviceBytes, kMaxSimGranules * granularity);
+}
+
+void check_device_totals(const std::vector<Event>& events, int device) {
+  // Each event's size is at most kMaxDeviceBytes (the reader's rule), so the sums below cannot
+  // wrap before they are caught: one step adds at most 2^44 to a value of at most 2^44.
+  struct Hooks : RequestedHooks {
+    std::int64_t segments = 0;
+    std::size_t bad = std::string::npos;
+    const char* what = nullptr;
+    void on_event(std::size_t, const Event& e) { segments += segment_delta(e); }
+    bool after(std::size_t i, const Event&) {
+      if (current > kMaxDeviceBytes)
+        what = "the live allocations add up to";
+      else if (segments > std::int64_t(kMaxDeviceBytes) ||
+               segments < -std::int64_t(kMaxDeviceBytes))
+        what = "the recorded segments add up to";
+      if (what) bad = i;
+      return !what;
+    }
+  } hooks;
+  run_trace<std::uint64_t>(events, hooks);
+  if (hooks.what) {
+    throw TraceError("device " + std::to_string(device) + ", event " + std::to_string(hooks.bad) +
+                     ": " + hooks.what + " more than any device holds (16 TiB)");
+  }
+}
+
 Result replay_cuarena(const std::vector<Event>& events, const SimOptions& options) {
   const auto start = Clock::now();
   std::optional<SeriesRecorder> rec;
@@ -479,8 +511,10 @@ std::optional<std::uint64_t> search_min_capacity(std::uint64_t step, std::uint64
   if (lo > 0) --lo;
   while (hi - lo > 1) {  // invariant: hi fits, lo does not (or is the floor)
     const std::uint64_t mid = lo + (hi - lo) / 2;
-    if (fits(mid * g)) hi = mid;
-    else lo = mid;
+    if (fits(mid * g))
+      hi = mid;
+    else
+      lo = mid;
   }
   return hi * g;
 }
@@ -493,12 +527,14 @@ std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& o
     return run_sim(events, o, std::string::npos).ooms == 0;
   };
   return search_min_capacity(options.config.sim_granularity, peak_requested(events), known_good,
-                             std::uint64_t{1} << 50, fits)
+                             max_sim_capacity(options.config.sim_granularity), fits)
       .value_or(0);
 }
 
 std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t step) {
-  auto up = [step](std::uint64_t bytes) { return std::max(step, (bytes + step - 1) / step * step); };
+  auto up = [step](std::uint64_t bytes) {
+    return std::max(step, (bytes + step - 1) / step * step);
+  };
   const std::uint64_t near = up(std::uint64_t{2} << 20);  // 2 MiB, or one step if larger
   std::set<std::uint64_t> out;
   for (std::uint64_t d = near; d <= (std::uint64_t{16} << 20) || d == near; d += near)
@@ -508,9 +544,9 @@ std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t 
   return {out.begin(), out.end()};
 }
 
-CheckedMinCapacity checked_min_capacity(std::uint64_t step, std::uint64_t floor,
-                                        std::uint64_t known_good, std::uint64_t ceiling,
-                                        const std::function<std::uint64_t(std::uint64_t)>& ooms_at) {
+CheckedMinCapacity checked_min_capacity(
+    std::uint64_t step, std::uint64_t floor, std::uint64_t known_good, std::uint64_t ceiling,
+    const std::function<std::uint64_t(std::uint64_t)>& ooms_at) {
   auto fits = [&](std::uint64_t capacity) { return ooms_at(capacity) == 0; };
   CheckedMinCapacity out;
   out.searched = search_min_capacity(step, floor, known_good, ceiling, fits);
@@ -550,7 +586,7 @@ CheckedMinCapacity min_capacity_checked(const std::vector<Event>& events, const 
     return run_sim(events, o, std::string::npos).ooms;
   };
   return checked_min_capacity(options.config.sim_granularity, peak_requested(events), known_good,
-                              std::uint64_t{1} << 50, ooms_at);
+                              max_sim_capacity(options.config.sim_granularity), ooms_at);
 }
 
 }  // namespace cuarena::replay

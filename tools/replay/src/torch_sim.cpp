@@ -17,12 +17,12 @@ namespace cuarena::replay {
 namespace {
 
 constexpr std::uint64_t kMiB = 1ull << 20;
-constexpr std::uint64_t kMinBlockSize = 512;        // every size is rounded to at least this
-constexpr std::uint64_t kSmallSize = 1 * kMiB;      // largest request of the small pool
-constexpr std::uint64_t kSmallBuffer = 2 * kMiB;    // small pool segments (and pages)
-constexpr std::uint64_t kLargeBuffer = 20 * kMiB;   // large_segment_size (and large pages)
-constexpr std::uint64_t kMinLargeAlloc = 10 * kMiB; // requests below this share 20 MiB segments
-constexpr std::uint64_t kRoundLarge = 2 * kMiB;     // larger ones: their size in 2 MiB steps
+constexpr std::uint64_t kMinBlockSize = 512;         // every size is rounded to at least this
+constexpr std::uint64_t kSmallSize = 1 * kMiB;       // largest request of the small pool
+constexpr std::uint64_t kSmallBuffer = 2 * kMiB;     // small pool segments (and pages)
+constexpr std::uint64_t kLargeBuffer = 20 * kMiB;    // large_segment_size (and large pages)
+constexpr std::uint64_t kMinLargeAlloc = 10 * kMiB;  // requests below this share 20 MiB segments
+constexpr std::uint64_t kRoundLarge = 2 * kMiB;      // larger ones: their size in 2 MiB steps
 constexpr std::uint64_t kAddressBase = 0x7f0000000000ull;
 
 bool all_digits(const std::string& t) {
@@ -236,7 +236,7 @@ bool TorchCachingSim::ByAddress::operator()(const Block* a, const Block* b) cons
 struct TorchCachingSim::Pool {
   explicit Pool(bool s) : small(s) {}
   bool small;
-  std::set<Block*, BySize> blocks;        // free, mapped
+  std::set<Block*, BySize> blocks;       // free, mapped
   std::set<Block*, ByAddress> unmapped;  // expandable segments' unmapped address space
   std::int64_t get_free_blocks_call_count = 0;
 };
@@ -289,11 +289,11 @@ std::optional<TorchCachingSim::Handle> TorchCachingSim::malloc(std::uint64_t siz
   bool found = get_free_block(r);  // 1. best fit among the stream's cached blocks
   if (!found) {
     if (gc_enabled()) garbage_collect_cached_blocks();  // 2. garbage_collection_threshold
-    found = alloc_block(r, false)                         // 3. a new segment, or more mapping
-            || (release_available_cached_blocks(r)        // 4. free oversize cached blocks
-                && alloc_block(r, false))
-            || (release_cached_blocks()                   // 5. free every unsplit cached block
-                && alloc_block(r, true));
+    found = alloc_block(r, false)                       // 3. a new segment, or more mapping
+            || (release_available_cached_blocks(r)      // 4. free oversize cached blocks
+                && alloc_block(r, false)) ||
+            (release_cached_blocks()  // 5. free every unsplit cached block
+             && alloc_block(r, true));
   }
   if (!found) {
     ++stats_.num_ooms;
@@ -462,8 +462,10 @@ void TorchCachingSim::release_blocks(Pool& pool) {
   std::vector<Block*> to_unmap;
   for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
     Block* b = *it++;
-    if (b->expandable) to_unmap.push_back(b);
-    else if (!b->is_split()) release_block(b);
+    if (b->expandable)
+      to_unmap.push_back(b);
+    else if (!b->is_split())
+      release_block(b);
   }
   for (Block* b : to_unmap) {
     unmap_block(b);
@@ -486,8 +488,8 @@ void TorchCachingSim::release_block(Block* block) {
 // whole cached large segments that have gone unused for at least the average number of
 // get_free_block calls, repeating until enough is reclaimed.
 void TorchCachingSim::garbage_collect_cached_blocks() {
-  const auto threshold = std::uint64_t(options_.conf.garbage_collection_threshold *
-                                       double(*options_.memory_limit));
+  const auto threshold =
+      std::uint64_t(options_.conf.garbage_collection_threshold * double(*options_.memory_limit));
   if (reserved_ <= threshold) return;
   const std::uint64_t target = reserved_ - threshold;
   Pool& pool = *large_;
@@ -547,8 +549,10 @@ void TorchCachingSim::free_block(Block* block) {
 // try_merge_blocks: dst absorbs a free neighbour src of the same mapping state.
 std::uint64_t TorchCachingSim::try_merge_blocks(Block* dst, Block* src) {
   if (!src || src->allocated || dst->mapped != src->mapped) return 0;
-  if (src->mapped) src->pool->blocks.erase(src);
-  else src->pool->unmapped.erase(src);
+  if (src->mapped)
+    src->pool->blocks.erase(src);
+  else
+    src->pool->unmapped.erase(src);
   if (dst->prev == src) {
     dst->addr = src->addr;
     dst->prev = src->prev;
@@ -738,8 +742,10 @@ void TorchCachingSim::release_address(std::uint64_t addr, std::uint64_t size) {
       free_addresses_.erase(prev);
     }
   }
-  if (hi == address_top_) address_top_ = lo;
-  else free_addresses_.emplace(lo, hi);
+  if (hi == address_top_)
+    address_top_ = lo;
+  else
+    free_addresses_.emplace(lo, hi);
 }
 
 bool TorchCachingSim::device_has(std::uint64_t bytes) const {
@@ -902,8 +908,7 @@ Result replay_torch_sim(const std::vector<Event>& events, const TorchSimOptions&
   r.peak_requested_bytes = peak_requested(events);
   r.reserved_ratio =
       r.peak_requested_bytes ? double(r.peak_reserved_bytes) / double(r.peak_requested_bytes) : 0;
-  r.elapsed_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
 
@@ -915,8 +920,8 @@ std::optional<std::uint64_t> torch_sim_min_capacity(const std::vector<Event>& ev
     o.capacity = capacity;
     return run_torch(events, o, true).result.ooms == 0;
   };
-  return search_min_capacity(kRoundLarge, peak_requested(events), known_good,
-                             std::uint64_t{1} << 50, fits);
+  return search_min_capacity(kRoundLarge, peak_requested(events), known_good, kMaxDeviceBytes,
+                             fits);
 }
 
 bool is_torch_sim(const std::string& allocator) {
@@ -927,8 +932,9 @@ void check_torch_conf(const std::string& torch_conf, const std::vector<std::stri
   const bool any = std::any_of(allocators.begin(), allocators.end(), is_torch_sim);
   if (torch_conf.empty()) return;
   if (!any)
-    throw ConfigError("--torch-conf applies to the torch-native-sim and torch-expandable-sim "
-                      "rows: add one with --allocator");
+    throw ConfigError(
+        "--torch-conf applies to the torch-native-sim and torch-expandable-sim "
+        "rows: add one with --allocator");
   TorchConf conf;
   try {
     conf = TorchConf::parse(torch_conf);
@@ -951,8 +957,7 @@ Result replay_torch_sim_row(const std::string& allocator, const std::vector<Even
   o.capacity = options.capacity ? options.capacity : options.config.sim_capacity;
   o.series = options.series;
   Result r = replay_torch_sim(events, o);
-  if (min_capacity)
-    r.min_capacity_bytes = torch_sim_min_capacity(events, o, r.peak_reserved_bytes);
+  if (min_capacity) r.min_capacity_bytes = torch_sim_min_capacity(events, o, r.peak_reserved_bytes);
   return r;
 }
 

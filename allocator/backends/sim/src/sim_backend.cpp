@@ -12,9 +12,7 @@ namespace {
 constexpr DevicePtr kVaBase = DevicePtr{1} << 44;  // where simulated address space starts
 constexpr DevicePtr kVaEnd = DevicePtr{1} << 47;
 
-[[noreturn]] void misuse(const std::string& what) {
-  throw std::logic_error("SimBackend: " + what);
-}
+[[noreturn]] void misuse(const std::string& what) { throw std::logic_error("SimBackend: " + what); }
 }  // namespace
 
 SimBackend::SimBackend(Options options) : options_(options), next_va_(kVaBase) {
@@ -40,10 +38,15 @@ DevicePtr SimBackend::reserve(std::size_t bytes) {
                        std::to_string(bytes) + " bytes");
   }
   const DevicePtr base = next_va_;
-  next_va_ += bytes + g;  // a guard granule between ranges catches overruns
-  ranges_.push_back({base, bytes, std::vector<PhysHandle>(bytes / g, 0),
-                     std::vector<std::size_t>(bytes / g, 0), std::vector<bool>(bytes / g, false)});
+  next_va_ += bytes + g;                         // a guard granule between ranges catches overruns
+  ranges_.push_back({base, bytes, {}, {}, {}});  // granule tables grow as granules are mapped
   return base;
+}
+
+void SimBackend::grow(Range& r, std::size_t granules) {
+  r.mapped.resize(granules, 0);
+  r.offset.resize(granules, 0);
+  r.access.resize(granules, false);
 }
 
 const SimBackend::Range* SimBackend::find_range(DevicePtr va) const {
@@ -86,7 +89,8 @@ PhysHandle SimBackend::create_physical(std::size_t bytes) {
 }
 
 std::size_t SimBackend::live_whole_chunks() const {
-  return std::size_t(std::count_if(chunks_.begin(), chunks_.end(), [](const auto& c) { return c.second.whole; }));
+  return std::size_t(
+      std::count_if(chunks_.begin(), chunks_.end(), [](const auto& c) { return c.second.whole; }));
 }
 
 PhysHandle SimBackend::create_whole_physical(std::size_t bytes) {
@@ -114,8 +118,8 @@ void SimBackend::map_no_access(DevicePtr va, std::size_t bytes, PhysHandle chunk
 
 bool SimBackend::one_mapping(const Range& r, std::size_t i) const {
   const std::size_t g = options_.granularity;
-  return r.mapped[i] != 0 && chunks_.at(r.mapped[i]).whole && r.mapped[i + 1] == r.mapped[i] &&
-         r.offset[i + 1] == r.offset[i] + g;
+  return i + 1 < r.mapped.size() && r.mapped[i] != 0 && chunks_.at(r.mapped[i]).whole &&
+         r.mapped[i + 1] == r.mapped[i] && r.offset[i + 1] == r.offset[i] + g;
 }
 
 SimBackend::Span SimBackend::whole_mappings(DevicePtr va, std::size_t bytes, const char* op) {
@@ -124,7 +128,8 @@ SimBackend::Span SimBackend::whole_mappings(DevicePtr va, std::size_t bytes, con
   const std::size_t g = options_.granularity;
   const Span span{r, (va - r.base) / g, bytes / g};
   for (std::size_t i = span.first; i < span.first + span.count; ++i) {
-    if (r.mapped[i] == 0) misuse(std::string(op) + " of a granule not mapped");
+    if (i >= r.mapped.size() || r.mapped[i] == 0)
+      misuse(std::string(op) + " of a granule not mapped");
   }
   // A whole chunk's mapping may not straddle either end. (The same chunk may also be mapped
   // again right next to itself.)
@@ -140,8 +145,8 @@ void SimBackend::set_access(DevicePtr va, std::size_t bytes) {
   ++set_access_calls_;
 }
 
-void SimBackend::map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk,
-                              std::size_t offset, bool access) {
+void SimBackend::map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset,
+                              bool access) {
   require_mapping("map");
   Range& r = range_of(va, bytes, "map");
   auto it = chunks_.find(chunk);
@@ -151,6 +156,7 @@ void SimBackend::map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk,
   if (it->second.whole && (offset != 0 || bytes != it->second.bytes))
     misuse("map of part of a whole chunk");
   const std::size_t first = (va - r.base) / g, count = bytes / g;
+  if (r.mapped.size() < first + count) grow(r, first + count);
   for (std::size_t i = first; i < first + count; ++i) {
     if (r.mapped[i] != 0) misuse("map over an already mapped granule");
   }
@@ -183,6 +189,7 @@ DevicePtr SimBackend::allocate_segment(std::size_t bytes, StreamId) {
   chunks_.emplace(h, Chunk{bytes, bytes / options_.granularity});
   Range& r = ranges_.back();
   r.segment = true;
+  grow(r, bytes / options_.granularity);
   std::fill(r.mapped.begin(), r.mapped.end(), h);
   r.access.assign(r.access.size(), true);
   physical_bytes_ += bytes;
@@ -205,7 +212,7 @@ SimBackend::Backing SimBackend::backing(DevicePtr addr) const {
   if (r == nullptr) return {};
   const std::size_t g = options_.granularity;
   const std::size_t i = (addr - r->base) / g;
-  if (r->mapped[i] == 0) return {};
+  if (i >= r->mapped.size() || r->mapped[i] == 0) return {};
   const std::size_t in_granule = (addr - r->base) % g;
   return {r->mapped[i], r->segment ? addr - r->base : r->offset[i] + in_granule};
 }
@@ -216,7 +223,7 @@ bool SimBackend::is_mapped(DevicePtr addr, std::size_t bytes) const {
   if (r == nullptr || addr + bytes > r->base + r->size) return false;
   const std::size_t g = options_.granularity;
   for (std::size_t i = (addr - r->base) / g; i <= (addr + bytes - 1 - r->base) / g; ++i) {
-    if (r->mapped[i] == 0 || !r->access[i]) return false;
+    if (i >= r->mapped.size() || r->mapped[i] == 0 || !r->access[i]) return false;
   }
   return true;
 }

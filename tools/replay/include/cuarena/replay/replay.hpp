@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "cuarena/config.hpp"
-#include "cuarena/stats.hpp"
 #include "cuarena/replay/trace.hpp"
+#include "cuarena/stats.hpp"
 
 namespace cuarena::replay {
 
@@ -65,8 +65,8 @@ struct Result {
   /// the capacities above it replayed, with their failures.
   std::optional<std::uint64_t> min_capacity_search_bytes;
   std::vector<CapacityProbe> min_capacity_probes;
-  double external_fragmentation = 0;  ///< at the moment of peak reserved
-  std::uint64_t free_at_peak_bytes = 0;  ///< reserved but not allocated, at that moment
+  double external_fragmentation = 0;       ///< at the moment of peak reserved
+  std::uint64_t free_at_peak_bytes = 0;    ///< reserved but not allocated, at that moment
   std::uint64_t rounding_waste_bytes = 0;  ///< allocated - requested at that moment
   std::uint64_t ooms = 0;
   std::uint64_t allocs = 0;
@@ -147,6 +147,19 @@ struct SimOptions {
 /// recorded H200's 143771 MiB).
 std::uint64_t sim_capacity_bytes(const SimOptions& options);
 
+/// The most granules a simulated device may have: 16 TiB of 2 MiB granules. Both the simulator
+/// and the core keep a few words per granule, so finer granules mean a smaller device.
+inline constexpr std::uint64_t kMaxSimGranules = std::uint64_t{1} << 23;
+
+/// The largest capacity the simulator replays under with granules of `granularity` bytes:
+/// kMaxDeviceBytes, and at most kMaxSimGranules granules. The capacity searches stop there.
+std::uint64_t max_sim_capacity(std::uint64_t granularity);
+
+/// Throws TraceError (without the file's name) when a device's live requested bytes (by the
+/// replay loop's rules) or its recorded segments ever add up to more than kMaxDeviceBytes: no
+/// device holds that, and every replay's sums then stay far from 64-bit overflow.
+void check_device_totals(const std::vector<Event>& events, int device);
+
 /// Replays through cuarena on the SimBackend.
 Result replay_cuarena(const std::vector<Event>& events, const SimOptions& options);
 
@@ -174,7 +187,7 @@ std::vector<std::uint64_t> probe_capacities(std::uint64_t answer, std::uint64_t 
 /// probed (or searched) above which every probe fits. A probe that fails with nothing probed
 /// above it starts a new search above that probe (three rounds at most).
 struct CheckedMinCapacity {
-  std::optional<std::uint64_t> bytes;     ///< the answer; nullopt when nothing up to the ceiling fits
+  std::optional<std::uint64_t> bytes;  ///< the answer; nullopt when nothing up to the ceiling fits
   std::optional<std::uint64_t> searched;  ///< the binary search's first answer
   std::vector<CapacityProbe> probes;      ///< every probe, in the order made
 };
