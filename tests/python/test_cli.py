@@ -472,6 +472,30 @@ def test_fine_granules_are_bounded_by_the_device_not_the_address_space(tmp_path)
     assert proc.returncode == 0, proc.stderr
 
 
+def test_decompression_bombs_are_refused_in_bounded_memory_and_time(tmp_path):
+    z = gzip.compress(bytes(512 << 20), compresslevel=1)  # 512 MiB of zeros, about 0.5 MB
+    pickle_bomb = tmp_path / "bomb.pickle.gz"  # a pickle's first byte, then zeros
+    pickle_bomb.write_bytes(gzip.compress(b"\x80\x04") + z)
+    not_a_trace = tmp_path / "zeros.gz"
+    not_a_trace.write_bytes(z)
+    blank = tmp_path / "blank.csv.gz"  # a header, then blank lines
+    blank.write_bytes(gzip.compress(b"Thread,Time,Action,Pointer,Size,Stream\n" + b"\n" * 20001))
+    claims = tmp_path / "claims.cuat.gz"  # 40 bytes that claim 10^8 records
+    claims.write_bytes(gzip.compress(b"CUATRACE" + (1).to_bytes(4, "little")
+                                     + (40).to_bytes(4, "little")
+                                     + (10**8).to_bytes(8, "little") + bytes(8)))
+    for path, problem in ((pickle_bomb, "pickle"), (not_a_trace, "not a PyTorch snapshot"),
+                          (blank, "line 10002: more than 10000 blank lines: not an RMM log"),
+                          (claims, "header promises 100000000 events, a ")):
+        # The converter decompressed the whole input first (512 MiB here, 6 GiB in the wild).
+        proc = subprocess.run([cli(), "replay", path], capture_output=True, text=True,
+                              timeout=60, preexec_fn=limited(384 << 20),
+                              env=dict(os.environ, CUARENA_CACHE_DIR=""))
+        assert proc.returncode == 2, (path, proc.stderr)
+        [line] = proc.stderr.strip().splitlines()
+        assert line.startswith(f"cuarena: error: {path}: ") and problem in line, line
+
+
 def test_notes_for_many_devices_are_one_line(tmp_path):
     # No segment events on any device: one note for all 40, not 40 notes.
     path = snapshot(tmp_path, [[ev("alloc", 0x1000, 512), ev("free_completed", 0x1000, 512)]] * 40)

@@ -127,7 +127,14 @@ std::vector<int> devices_in(const std::vector<Event>& all) {
   return {seen.begin(), seen.end()};
 }
 
-std::vector<std::pair<int, std::vector<Event>>> split_by_device(const std::vector<Event>& all) {
+std::vector<std::pair<int, std::vector<Event>>> split_by_device(std::vector<Event> all) {
+  if (!all.empty() && std::all_of(all.begin(), all.end(),
+                                  [&](const Event& e) { return e.device == all.front().device; })) {
+    const int device = all.front().device;
+    std::vector<std::pair<int, std::vector<Event>>> one;
+    one.emplace_back(device, std::move(all));  // the common case: no second copy of a large trace
+    return one;
+  }
   std::map<int, std::vector<Event>> by;
   for (const Event& e : all) by[e.device].push_back(e);
   return {std::make_move_iterator(by.begin()), std::make_move_iterator(by.end())};

@@ -1,10 +1,5 @@
 #include "cuarena/replay/trace.hpp"
 
-#include "process.hpp"
-#include "sha256.hpp"
-
-#include "cuarena/config.hpp"
-
 #include <unistd.h>
 #include <zlib.h>
 
@@ -16,6 +11,10 @@
 #include <memory>
 #include <vector>
 
+#include "cuarena/config.hpp"
+#include "process.hpp"
+#include "sha256.hpp"
+
 namespace cuarena::replay {
 
 namespace {
@@ -24,6 +23,8 @@ using cuat::kMagic;
 using cuat::kRecordSize;
 using cuat::kVersion;
 using cuat::load_le;
+
+constexpr std::uint64_t kMaxGzipExpansion = 1032;  // deflate's largest output per input byte
 
 [[noreturn]] void fail(const std::string& path, const std::string& problem) {
   throw TraceError(path + ": " + problem);
@@ -38,7 +39,8 @@ using GzPtr = std::unique_ptr<gzFile_s, GzCloser>;
 std::size_t read_some(gzFile f, const std::string& path, void* buf, std::size_t n) {
   std::size_t got = 0;
   while (got < n) {
-    const int r = gzread(f, static_cast<char*>(buf) + got, unsigned(std::min<std::size_t>(n - got, 1u << 30)));
+    const int r = gzread(f, static_cast<char*>(buf) + got,
+                         unsigned(std::min<std::size_t>(n - got, 1u << 30)));
     if (r < 0) {
       int code = 0;
       const char* msg = gzerror(f, &code);
@@ -90,7 +92,8 @@ std::string cache_dir() {
   if (const char* d = std::getenv("CUARENA_CACHE_DIR")) return d;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && x[0] == '/')
     return std::string(x) + "/cuarena";
-  if (const char* h = std::getenv("HOME"); h && h[0] != '\0') return std::string(h) + "/.cache/cuarena";
+  if (const char* h = std::getenv("HOME"); h && h[0] != '\0')
+    return std::string(h) + "/.cache/cuarena";
   return "";
 }
 
@@ -151,16 +154,29 @@ std::vector<Event> read_cuat(const std::string& file, const std::string& path) {
   const auto version = load_le<std::uint32_t>(header + 8);
   const auto record_size = load_le<std::uint32_t>(header + 12);
   const auto count = load_le<std::uint64_t>(header + 16);
-  if (version != kVersion) fail(path, "unsupported cuarena trace version " + std::to_string(version));
-  if (record_size != kRecordSize) fail(path, "unexpected record size " + std::to_string(record_size));
-  if (count > (std::uint64_t{1} << 34)) fail(path, "implausible event count " + std::to_string(count));
-  // Room for what the file can hold, not what its header claims (32 bytes may claim 2^34
-  // events): an uncompressed file's size bounds it; a gzipped one grows the vector past 2^20.
-  std::uint64_t room = std::min<std::uint64_t>(count, 1u << 20);
+  if (version != kVersion)
+    fail(path, "unsupported cuarena trace version " + std::to_string(version));
+  if (record_size != kRecordSize)
+    fail(path, "unexpected record size " + std::to_string(record_size));
+  if (count > (std::uint64_t{1} << 34))
+    fail(path, "implausible event count " + std::to_string(count));
+  // A header may claim no more records than the file can hold: an uncompressed file, its size;
+  // a gzipped one, 1032 bytes per compressed byte (deflate's largest expansion). Then room for
+  // all of them at once (growing a vector of 10^8 events would peak at 1.5x).
+  std::uint64_t room = std::min<std::uint64_t>(count, 1u << 20);  // size unknown: grow
   std::error_code size_ec;
   const std::uint64_t file_bytes = std::filesystem::file_size(file, size_ec);
-  if (gzdirect(f.get()) && !size_ec)
-    room = std::min<std::uint64_t>(count, file_bytes > 32 ? (file_bytes - 32) / kRecordSize : 0);
+  if (!size_ec) {
+    room = count;
+    const std::uint64_t most = gzdirect(f.get()) ? (file_bytes > 32 ? file_bytes - 32 : 0)
+                                                 : file_bytes * kMaxGzipExpansion;
+    if (count > most / kRecordSize) {
+      fail(path, "truncated: header promises " + std::to_string(count) + " events, a " +
+                     std::to_string(file_bytes) + "-byte " +
+                     (gzdirect(f.get()) ? "file" : "gzip file") + " holds at most " +
+                     std::to_string(most / kRecordSize));
+    }
+  }
   std::vector<Event> events;
   events.reserve(std::size_t(room));
   std::vector<unsigned char> buf(kRecordSize * 4096);
@@ -248,7 +264,8 @@ std::vector<Event> load_trace(const std::string& path) {
     std::string line = clip(nl == std::string::npos ? err : err.substr(nl + 1), path.size() + 300);
     const std::string prefix = "cuarena-trace: ";
     if (line.rfind(prefix, 0) == 0) throw TraceError(line.substr(prefix.size()));
-    fail(path, "trace converter failed (exit " + std::to_string(rc) + ")" + (line.empty() ? "" : ": " + line));
+    fail(path, "trace converter failed (exit " + std::to_string(rc) + ")" +
+                   (line.empty() ? "" : ": " + line));
   }
   std::vector<Event> events;
   try {

@@ -110,7 +110,7 @@ std::vector<Event> device_events(const std::vector<Event>& all, int device);
 std::vector<int> devices_in(const std::vector<Event>& all);
 /// Every device's events in one pass (device_events() for each device costs a pass each):
 /// (device, its events in trace order), devices ascending.
-std::vector<std::pair<int, std::vector<Event>>> split_by_device(const std::vector<Event>& all);
+std::vector<std::pair<int, std::vector<Event>>> split_by_device(std::vector<Event> all);
 
 /// The largest sum of live requested bytes (alloc adds, free_completed of a seen alloc removes).
 std::uint64_t peak_requested(const std::vector<Event>& events);
