@@ -7,12 +7,13 @@
 #include <string>
 #include <unordered_map>
 
-#include "cuarena/replay/cub_caching.hpp"
 #include "cuarena/allocator.hpp"
 #include "cuarena/cuda_backend.hpp"
+#include "cuarena/replay/cub_caching.hpp"
 #include "cuarena/replay/cuda_check.hpp"
 #include "cuarena/replay/gpu_capacity.hpp"
 #include "cuarena/replay/gpu_replay.hpp"
+#include "cuarena/replay/replay.hpp"
 
 namespace cuarena::replay {
 
@@ -37,22 +38,12 @@ class CuarenaGpu final : public GpuAllocator {
     return std::size_t(alloc_.stats().reserved_bytes[int(Pool::kAll)].current);
   }
   std::map<std::string, std::int64_t> counters() override {
-    const Stats s = alloc_.stats();
-    std::map<std::string, std::int64_t> out = {
-        {"driver_calls", std::int64_t(backend_->driver_calls())},
-        {"map_calls", s.map_calls},
-        {"unmap_calls", s.unmap_calls},
-        {"access_calls", s.access_calls},
-        {"granules_mapped", s.granules_mapped},
-        {"num_device_alloc", s.num_device_alloc},
-        {"granules_stolen", s.granules_stolen},
-        {"granules_aliased", s.granules_aliased},
-        {"granules_reactivated", s.granules_reactivated},
-        {"events_recorded", s.events_recorded},
-        {"stream_cache_hits", s.stream_cache_hits},
-        {"num_sync_all_streams", s.num_sync_all_streams}};
+    // The simulator rows' counters (every Stats::to_map() key), plus the driver's.
+    std::map<std::string, std::int64_t> out = stats_counters(alloc_.stats());
+    out["driver_calls"] = std::int64_t(backend_->driver_calls());
     // Host time in each driver call, in microseconds: where the replay time goes.
-    for (const auto& [call, us] : backend_->driver_us()) out["driver_us." + call] = std::int64_t(us);
+    for (const auto& [call, us] : backend_->driver_us())
+      out["driver_us." + call] = std::int64_t(us);
     return out;
   }
   void release_cache() override { alloc_.release_cached(); }
@@ -105,7 +96,7 @@ class CudaAsync final : public GpuAllocator {
     check_cuda(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
     std::uint64_t threshold = UINT64_MAX;  // keep memory across synchronisations
     check_cuda(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
-          "cudaMemPoolSetAttribute(ReleaseThreshold)");
+               "cudaMemPoolSetAttribute(ReleaseThreshold)");
   }
   ~CudaAsync() override {
     cudaDeviceSynchronize();
@@ -114,7 +105,8 @@ class CudaAsync final : public GpuAllocator {
   std::string name() const override { return "cuda-async"; }
   void* allocate(std::size_t bytes, void* stream) override {
     void* p = nullptr;
-    if (cudaMallocFromPoolAsync(&p, bytes, pool_, static_cast<cudaStream_t>(stream)) != cudaSuccess) {
+    if (cudaMallocFromPoolAsync(&p, bytes, pool_, static_cast<cudaStream_t>(stream)) !=
+        cudaSuccess) {
       cudaGetLastError();
       return nullptr;
     }
@@ -126,7 +118,7 @@ class CudaAsync final : public GpuAllocator {
   std::size_t reserved_bytes() override {
     std::uint64_t v = 0;
     check_cuda(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &v),
-          "cudaMemPoolGetAttribute(ReservedMemCurrent)");
+               "cudaMemPoolGetAttribute(ReservedMemCurrent)");
     return std::size_t(v);
   }
   // The frees just enqueued must have completed before the pool can hand their memory back.
@@ -207,12 +199,16 @@ std::unique_ptr<GpuAllocator> make_gpu_allocator(const std::string& name, int de
   }
   if (name == "rmm-pool" || name == "rmm-arena") return make_rmm(name, device, limit);
   std::unique_ptr<GpuAllocator> raw;
-  if (name == "cuda-malloc") raw = make_cuda_malloc(device);
-  else if (name == "cuda-async") raw = make_cuda_async(device);
+  if (name == "cuda-malloc")
+    raw = make_cuda_malloc(device);
+  else if (name == "cuda-async")
+    raw = make_cuda_async(device);
   // No cache limit: CUB's default (6 MiB) would cudaFree most freed blocks at once, measuring
   // cudaMalloc rather than a cache. Blocks above 2 MiB (the largest bin) are never cached.
-  else if (name == "cub") raw = make_cub(device, SIZE_MAX);
-  else throw ConfigError("GPU replay: unknown allocator '" + name + "'");
+  else if (name == "cub")
+    raw = make_cub(device, SIZE_MAX);
+  else
+    throw ConfigError("GPU replay: unknown allocator '" + name + "'");
   return limit > 0 ? limit_reserved(std::move(raw), limit) : std::move(raw);
 }
 

@@ -73,19 +73,27 @@ struct FreeExtents {
 // live blocks. Block sizes are the requests rounded as PyTorch rounds them; unsplit remainders
 // count as free; each gap between blocks in a mapped range is one piece.
 FreeExtents recorded_free(const std::vector<Event>& events, std::size_t last) {
-  RangeSet mapped;
-  std::map<std::uint64_t, std::uint64_t> blocks;
-  for (std::size_t i = 0; i <= last; ++i) {
-    const Event& e = events[i];
-    if (e.action == Action::kSegmentAlloc || e.action == Action::kSegmentMap)
-      mapped.add(e.addr, e.addr + e.size);
-    else if (e.action == Action::kSegmentFree || e.action == Action::kSegmentUnmap)
-      mapped.remove(e.addr, e.addr + e.size);
-    else if (e.action == Action::kAlloc)
+  // Live blocks by the replay loop's rules (a lost free, a free never allocated).
+  struct Hooks : TraceHooks<char> {
+    RangeSet mapped;
+    std::map<std::uint64_t, std::uint64_t> blocks;
+    void on_event(std::size_t, const Event& e) {
+      if (e.action == Action::kSegmentAlloc || e.action == Action::kSegmentMap)
+        mapped.add(e.addr, e.addr + e.size);
+      else if (e.action == Action::kSegmentFree || e.action == Action::kSegmentUnmap)
+        mapped.remove(e.addr, e.addr + e.size);
+    }
+    char on_alloc(std::size_t, const Event& e) {
       blocks[e.addr] = pytorch_rounded(e.size);
-    else if (e.action == Action::kFreeCompleted)
-      blocks.erase(e.addr);
-  }
+      return 0;
+    }
+    void on_free(std::size_t, const Event& e, char&) {
+      if (e.action != Action::kAlloc) blocks.erase(e.addr);  // a lost free: on_alloc replaces it
+    }
+  } hooks;
+  run_trace<char>(events, hooks, last + 1);
+  const RangeSet& mapped = hooks.mapped;
+  const std::map<std::uint64_t, std::uint64_t>& blocks = hooks.blocks;
   FreeExtents f;
   auto gap = [&f](std::uint64_t bytes) {
     f.total += bytes;
