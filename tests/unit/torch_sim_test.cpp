@@ -1,17 +1,18 @@
 // The CPU models of PyTorch's caching allocator (tools/replay/src/torch_sim.hpp): their rules on
 // hand-made requests, and the bundled real traces against what PyTorch itself did.
+#include "cuarena/replay/torch_sim.hpp"
+
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
 
 #include "cuarena/errors.hpp"
 #include "cuarena/replay/replay.hpp"
-#include "cuarena/replay/torch_sim.hpp"
 #include "cuarena/replay/trace.hpp"
 
 using namespace cuarena;
@@ -88,7 +89,8 @@ TEST(TorchConf, ParsesEveryKey) {
 
 // The expectations of PyTorch's own test (c10/test/core/AllocatorConfig_test.cpp).
 TEST(TorchConf, RoundupPower2DivisionsListsAsPyTorch) {
-  const TorchConf a = TorchConf::parse("roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]");
+  const TorchConf a =
+      TorchConf::parse("roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]");
   const std::pair<std::uint64_t, std::uint64_t> want_a[] = {
       {32, 8}, {64, 8}, {128, 2}, {256, 4}, {512, 2}, {1024, 4}, {2048, 1}, {4096, 1}, {8192, 1}};
   for (auto [mb, div] : want_a) EXPECT_EQ(a.divisions_for(mb * MiB), div) << mb << " MB";
@@ -110,19 +112,19 @@ TEST(TorchSimRules, RoundsTo512Bytes) {
 
 TEST(TorchSimRules, RoundupPower2DivisionsRoundsToTheNextStep) {
   const TorchConf c = TorchConf::parse("roundup_power2_divisions:4");
-  EXPECT_EQ(torch_round_size(1200, c), 1536u);        // <= 512 * 4: plain 512 B rounding
+  EXPECT_EQ(torch_round_size(1200, c), 1536u);           // <= 512 * 4: plain 512 B rounding
   EXPECT_EQ(torch_round_size(5 * MiB + 1, c), 6 * MiB);  // steps of 1 MiB between 4 and 8 MiB
   EXPECT_EQ(torch_round_size(6 * MiB, c), 6 * MiB);
-  EXPECT_EQ(torch_round_size(8 * MiB, c), 8 * MiB);   // a power of two stays
+  EXPECT_EQ(torch_round_size(8 * MiB, c), 8 * MiB);  // a power of two stays
   EXPECT_EQ(torch_round_size(9 * MiB, c), 10 * MiB);
 }
 
 TEST(TorchSimRules, SegmentSizes) {
-  EXPECT_EQ(torch_allocation_size(512), 2 * MiB);           // small pool: 2 MiB
+  EXPECT_EQ(torch_allocation_size(512), 2 * MiB);  // small pool: 2 MiB
   EXPECT_EQ(torch_allocation_size(MiB), 2 * MiB);
-  EXPECT_EQ(torch_allocation_size(MiB + 512), 20 * MiB);   // 1 to 10 MiB: 20 MiB
+  EXPECT_EQ(torch_allocation_size(MiB + 512), 20 * MiB);  // 1 to 10 MiB: 20 MiB
   EXPECT_EQ(torch_allocation_size(10 * MiB - 512), 20 * MiB);
-  EXPECT_EQ(torch_allocation_size(10 * MiB), 10 * MiB);     // then in 2 MiB steps
+  EXPECT_EQ(torch_allocation_size(10 * MiB), 10 * MiB);  // then in 2 MiB steps
   EXPECT_EQ(torch_allocation_size(10 * MiB + 512), 12 * MiB);
 }
 
@@ -258,11 +260,11 @@ TEST(TorchSimRules, MaxSplitSizeReleasesOversizeBlocksFirst) {
 TEST(TorchSimRules, FullReleaseFreesBlocksWaitingForOtherStreams) {
   Sim sim(native("", 20 * MiB));
   const auto a = must(sim.malloc(8 * MiB, 0));
-  sim.free_requested(a);  // recorded on another stream: not free yet
+  sim.free_requested(a);          // recorded on another stream: not free yet
   must(sim.malloc(15 * MiB, 0));  // the full release synchronizes, frees a, releases its segment
   EXPECT_EQ(sim.reserved_bytes(), 16 * MiB);
   EXPECT_EQ(sim.stats().num_sync_all_streams, 1);
-  sim.free_completed(a);  // already freed: ignored
+  sim.free_completed(a);                       // already freed: ignored
   EXPECT_EQ(sim.allocated_bytes(), 16 * MiB);  // 15 MiB in an unsplit 16 MiB segment
 }
 
@@ -427,6 +429,33 @@ INSTANTIATE_TEST_SUITE_P(Traces, TorchSimRealTrace,
                            const std::string f = info.param;
                            return f.substr(0, f.find('.'));
                          });
+
+// The traces of tests/data/traces/more, with PyTorch's peaks from its reserved.json. The native
+// model lands on the recording except on compile_train: torch.compile's CUDA graphs allocate
+// from a private graph pool, whose segments the model does not keep apart (3% low); the
+// expandable model is then 2.6% high. Asserted as they stand, so a change either way shows.
+TEST(TorchSimMoreTraces, ModelsAgainstPyTorchsPeaks) {
+  struct Truth {
+    const char* file;
+    double expandable;                  // PyTorch's expandable_segments peak reserved, bytes
+    double native_tol, expandable_tol;  // relative
+  };
+  for (const Truth& t : {Truth{"more/llm_generate.pickle.gz", 910163968, 0.005, 0.02},
+                         Truth{"more/cnn_varres_infer.pickle.gz", 1549795328, 0.005, 0.02},
+                         Truth{"more/compile_train.pickle.gz", 3177185280, 0.035, 0.03}}) {
+    SCOPED_TRACE(t.file);
+    const auto events = load_trace(trace_path(t.file));
+    const double recorded = double(replay_recorded(events).peak_reserved_bytes);
+    const Result native = replay_torch_sim(events, TorchSimOptions{});
+    EXPECT_EQ(native.ooms, 0u);
+    EXPECT_NEAR(double(native.peak_reserved_bytes), recorded, t.native_tol * recorded);
+    TorchSimOptions o;
+    o.expandable = true;
+    const Result expandable = replay_torch_sim(events, o);
+    EXPECT_NEAR(double(expandable.peak_reserved_bytes), t.expandable,
+                t.expandable_tol * t.expandable);
+  }
+}
 
 // The hand-recorded edge snapshots: empty_cache and out-of-memory releases, under each mode.
 TEST(TorchSimEdgeTraces, NativeModelFollowsEmptyCacheAndOutOfMemory) {
