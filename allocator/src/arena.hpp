@@ -11,6 +11,7 @@
 // to release: every granule counts as mapped, with no PhysRef, and set/clear are errors.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -62,6 +63,9 @@ class Arena {
     std::uint64_t seq = 0;
   };
   void stamp(std::size_t first, std::size_t last, FreeStamp s) {
+    // Granules past the table read as finished: a finished stamp there needs no room (a free
+    // block may reach to the end of a reservation many times the device).
+    if (s.seq == 0) last = std::min(last, stamps_.size());
     if (last > stamps_.size()) stamps_.resize(last);
     for (std::size_t g = first; g < last; ++g) stamps_[g] = s;
   }

@@ -249,9 +249,9 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
 
 Block* BlockPool::best_fit(StreamPool& sp, std::size_t size) {
   // The few smallest fits, by size over the stream's own blocks and the shared ones merged (its
-  // own first on equal sizes), as one index would give them: the first that needs no driver call wins, else
-  // the one missing fewest granules. A loop that found its mappings in place finds them there
-  // again, and whether a block is still owned or already shared changes nothing (measured:
+  // own first on equal sizes), as one index would give them: the first that needs no driver call
+  // wins, else the one missing fewest granules. A loop that found its mappings in place finds them
+  // there again, and whether a block is still owned or already shared changes nothing (measured:
   // docs/results.md, 2026-12-02).
   const int candidates = tuning::kBackedFitCandidates;
   auto own = sp.free.lower_bound(size);

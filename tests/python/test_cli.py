@@ -415,6 +415,101 @@ def test_error_lines_quoting_huge_fields_are_clipped(tmp_path):
         assert "\u2026 (" in line and len(line) < 800, line[:1000]
 
 
+TiB = 1 << 40
+
+
+def limited(max_bytes):
+    """preexec_fn: the child's address space capped, so a runaway allocation fails fast."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (max_bytes, max_bytes))
+
+
+def test_sums_beyond_any_device_are_refused_not_wrapped(tmp_path):
+    # Each size is allowed (at most 16 TiB); their sums are not: 2^20 of them would wrap 64 bits.
+    live = cuat_file(tmp_path, [record(addr=0x1000, size=16 * TiB), record(addr=0x2000)])
+    segments = cuat_file(tmp_path, [record(action=3, addr=1 << 46, size=16 * TiB),
+                                    record(action=3, addr=1 << 47, size=16 * TiB), record()])
+    released = cuat_file(tmp_path, [record(action=4, addr=1 << 46, size=16 * TiB),
+                                    record(action=4, addr=1 << 47, size=16 * TiB), record()])
+    for path, what in ((live, "the live allocations"), (segments, "the recorded segments"),
+                       (released, "the recorded segments")):
+        proc = run("replay", path, "--allocator", "recorded,cuarena")
+        assert proc.returncode == 2, proc.stderr
+        [line] = proc.stderr.strip().splitlines()
+        assert line == f"cuarena: error: {path}: device 0, event 1: {what} add up to more than " \
+                       "any device holds (16 TiB)", line
+    # Exactly 16 TiB live is a device's worth, not refused.
+    full = cuat_file(tmp_path, [record(addr=0x1000, size=16 * TiB - 512), record(addr=0x2000)])
+    assert run("replay", full, "--allocator", "torch-native-sim").returncode == 0
+
+
+def test_min_capacity_above_the_largest_device_is_a_note_not_a_crash(tmp_path):
+    # 16 TiB requested, but cuarena needs one more granule for the small block: no simulated
+    # device fits. The search stops at 16 TiB (it went on to 32 TiB and ran out of simulated
+    # address space, exit 3). 1 GiB granules keep the 16 TiB replay cheap.
+    path = cuat_file(tmp_path, [record(addr=1 << 30, size=16 * TiB - 512), record(addr=16)])
+    proc = run("replay", path, "--min-capacity", "--allocator", "cuarena", "--config",
+               "sim_granularity:1GiB")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().endswith(
+        "cuarena: no capacity up to 16.00 TiB (the largest simulated device) replays without "
+        "out-of-memory"), proc.stderr
+
+
+def test_fine_granules_are_bounded_by_the_device_not_the_address_space(tmp_path):
+    # Too many granules for the simulator: refused, naming the option and the bound ...
+    proc = run("replay", TRACES / "resnet50_amp.pickle.gz", "--capacity", "16TiB", "--config",
+               "sim_granularity:64KiB")
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("cuarena: error: --capacity 16TiB is 268435456 granules") \
+        and "at most 8388608 (512.00 GiB at this granularity)" in line, line
+    # ... while a large address-space reservation costs nothing until it is mapped (the
+    # simulator kept three words per reserved granule: 17 GB here).
+    proc = subprocess.run([cli(), "replay", TRACES / "resnet50_amp.pickle.gz", "--allocator",
+                           "cuarena", "--config", "va_reserve:64TiB,sim_granularity:64KiB"],
+                          capture_output=True, text=True, preexec_fn=limited(2 << 30))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_decompression_bombs_are_refused_in_bounded_memory_and_time(tmp_path):
+    z = gzip.compress(bytes(512 << 20), compresslevel=1)  # 512 MiB of zeros, about 0.5 MB
+    pickle_bomb = tmp_path / "bomb.pickle.gz"  # a pickle's first byte, then zeros
+    pickle_bomb.write_bytes(gzip.compress(b"\x80\x04") + z)
+    not_a_trace = tmp_path / "zeros.gz"
+    not_a_trace.write_bytes(z)
+    blank = tmp_path / "blank.csv.gz"  # a header, then blank lines
+    blank.write_bytes(gzip.compress(b"Thread,Time,Action,Pointer,Size,Stream\n" + b"\n" * 20001))
+    claims = tmp_path / "claims.cuat.gz"  # 40 bytes that claim 10^8 records
+    claims.write_bytes(gzip.compress(b"CUATRACE" + (1).to_bytes(4, "little")
+                                     + (40).to_bytes(4, "little")
+                                     + (10**8).to_bytes(8, "little") + bytes(8)))
+    for path, problem in ((pickle_bomb, "pickle"), (not_a_trace, "not a PyTorch snapshot"),
+                          (blank, "line 10002: more than 10000 blank lines: not an RMM log"),
+                          (claims, "header promises 100000000 events, a ")):
+        # The converter decompressed the whole input first (512 MiB here, 6 GiB in the wild).
+        proc = subprocess.run([cli(), "replay", path], capture_output=True, text=True,
+                              timeout=60, preexec_fn=limited(384 << 20),
+                              env=dict(os.environ, CUARENA_CACHE_DIR=""))
+        assert proc.returncode == 2, (path, proc.stderr)
+        [line] = proc.stderr.strip().splitlines()
+        assert line.startswith(f"cuarena: error: {path}: ") and problem in line, line
+
+
+def test_many_streams_replay_in_linear_time(tmp_path):
+    # 100,000 streams, one block each: every allocation raises torch-native-sim's peak, which
+    # was measured there by a pass over every cached block (27 s here, 0.2 s now).
+    import time
+    n = 100_000
+    path = cuat_file(tmp_path, [r for s in range(1, n + 1)
+                                for r in (record(stream=s, addr=16 * s),
+                                          record(action=2, stream=s, addr=16 * s))])
+    start = time.monotonic()
+    [row] = replay_json(tmp_path, path, "--allocator", "torch-native-sim")
+    assert time.monotonic() - start < 5
+    assert row["allocs"] == n and row["ooms"] == 0
+
+
 def test_notes_for_many_devices_are_one_line(tmp_path):
     # No segment events on any device: one note for all 40, not 40 notes.
     path = snapshot(tmp_path, [[ev("alloc", 0x1000, 512), ev("free_completed", 0x1000, 512)]] * 40)

@@ -85,31 +85,24 @@ TEST(ReplayLoop, FreesAtFreeRequested) {
   EXPECT_EQ(early.seen, (std::vector<std::string>{"alloc@0", "requested1@1", "early@2", "end:0"}));
 }
 
-// keep(): a block the row does not keep (the GPU rows' failed allocations) never becomes live:
-// its free is a free of an unknown address (skipped), and a later alloc there is no lost free.
-TEST(ReplayLoop, BlocksNotKeptAreNotLive) {
-  struct OddOnly : Log {
-    bool keep(const int& h) { return h % 2 == 1; }
-  };
+// Every allocation becomes live, a failed one too (a row's empty handle): the job had the
+// block, so its free is a free and a later alloc at its address a lost free, on every row.
+TEST(ReplayLoop, EveryAllocationIsLive) {
   const std::vector<Event> events = {
-      ev(Action::kAlloc, 0x100, 8),       // 0: block 1, kept
-      ev(Action::kAlloc, 0x200, 8),       // 1: block 2, not kept
-      ev(Action::kFreeCompleted, 0x200),  // 2: not live: skipped
-      ev(Action::kAlloc, 0x200, 8),       // 3: block 3, kept; no lost free
-      ev(Action::kAlloc, 0x100, 8),       // 4: lost free of block 1, then block 4, not kept
-      ev(Action::kFreeCompleted, 0x100),  // 5: not live: skipped
+      ev(Action::kAlloc, 0x100, 8),       // 0: block 1
+      ev(Action::kAlloc, 0x200, 8),       // 1: block 2 (say the row's allocation failed)
+      ev(Action::kFreeCompleted, 0x200),  // 2: its free: a free
+      ev(Action::kAlloc, 0x200, 8),       // 3: block 3
+      ev(Action::kAlloc, 0x100, 8),       // 4: lost free of block 1, then block 4
+      ev(Action::kFreeCompleted, 0x100),  // 5: free of block 4
   };
-  OddOnly h;
+  Log h;
   const TraceCounts c = run_trace<int>(events, h);
   EXPECT_EQ(c.allocs, 4u);
-  EXPECT_EQ(c.frees, 0u);
-  EXPECT_EQ(c.skipped, 3u);  // events 2 and 5, and the lost free at 4
-  EXPECT_EQ(h.seen, (std::vector<std::string>{"alloc@0", "alloc@1", "alloc@3", "free1@4", "alloc@4",
-                                              "end:1"}));
-  Log all;  // the default keeps every block: the same trace frees blocks 2 and 4
-  const TraceCounts d = run_trace<int>(events, all);
-  EXPECT_EQ(d.frees, 2u);
-  EXPECT_EQ(d.skipped, 1u);  // the lost free at 4 (block 2 was freed at 2: none at 3)
+  EXPECT_EQ(c.frees, 2u);
+  EXPECT_EQ(c.skipped, 1u);  // the lost free at 4
+  EXPECT_EQ(h.seen, (std::vector<std::string>{"alloc@0", "alloc@1", "free2@2", "alloc@3", "free1@4",
+                                              "alloc@4", "free4@5", "end:1"}));
 }
 
 TEST(ReplayLoop, StopsWhereTold) {

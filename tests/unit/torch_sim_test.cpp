@@ -430,6 +430,33 @@ INSTANTIATE_TEST_SUITE_P(Traces, TorchSimRealTrace,
                            return f.substr(0, f.find('.'));
                          });
 
+// The traces of tests/data/traces/more, with PyTorch's peaks from its reserved.json. The native
+// model lands on the recording except on compile_train: torch.compile's CUDA graphs allocate
+// from a private graph pool, whose segments the model does not keep apart (3% low); the
+// expandable model is then 2.6% high. Asserted as they stand, so a change either way shows.
+TEST(TorchSimMoreTraces, ModelsAgainstPyTorchsPeaks) {
+  struct Truth {
+    const char* file;
+    double expandable;                  // PyTorch's expandable_segments peak reserved, bytes
+    double native_tol, expandable_tol;  // relative
+  };
+  for (const Truth& t : {Truth{"more/llm_generate.pickle.gz", 910163968, 0.005, 0.02},
+                         Truth{"more/cnn_varres_infer.pickle.gz", 1549795328, 0.005, 0.02},
+                         Truth{"more/compile_train.pickle.gz", 3177185280, 0.035, 0.03}}) {
+    SCOPED_TRACE(t.file);
+    const auto events = load_trace(trace_path(t.file));
+    const double recorded = double(replay_recorded(events).peak_reserved_bytes);
+    const Result native = replay_torch_sim(events, TorchSimOptions{});
+    EXPECT_EQ(native.ooms, 0u);
+    EXPECT_NEAR(double(native.peak_reserved_bytes), recorded, t.native_tol * recorded);
+    TorchSimOptions o;
+    o.expandable = true;
+    const Result expandable = replay_torch_sim(events, o);
+    EXPECT_NEAR(double(expandable.peak_reserved_bytes), t.expandable,
+                t.expandable_tol * t.expandable);
+  }
+}
+
 // The hand-recorded edge snapshots: empty_cache and out-of-memory releases, under each mode.
 TEST(TorchSimEdgeTraces, NativeModelFollowsEmptyCacheAndOutOfMemory) {
   const auto events = load_trace(trace_path("edge/record_stream_oom_empty_cache.pickle"));

@@ -105,33 +105,60 @@ def load_events(path: str) -> list[Event]:
 def load_trace(path: str) -> tuple[str, list[Event]]:
     """Read any supported trace file; return (format name, events).
 
+    The file is read as a stream (gzip decompressed as it is read), so memory follows what the
+    trace holds, not what a small compressed file expands to, and content that is no trace is
+    refused after its first bytes.
+
     Raises TraceError for unusable content and OSError when the file cannot be read.
     """
     with open(path, "rb") as f:
-        data = f.read()
-    return parse_bytes(data)
+        return parse_stream(f)
 
 
 def parse_bytes(data: bytes) -> tuple[str, list[Event]]:
     """Sniff ``data`` (possibly gzip-compressed) and parse it; return (format name, events)."""
-    if data[:2] == GZIP_MAGIC:
-        data = _gunzip(data)
-    if data[: len(MAGIC)] == MAGIC:
-        return "cuarena-trace", read_cuat(data)
-    if data[:1] == PICKLE_PROTO:
-        return "pytorch-snapshot", snapshot_events(_unpickle(data))
-    if _looks_like_rmm_csv(data):
-        return "rmm-csv", rmm_csv_events(data)
-    raise TraceError("empty file: " + UNKNOWN_INPUT if not data else UNKNOWN_INPUT)
+    return parse_stream(io.BytesIO(data))
 
 
-def _gunzip(data: bytes) -> bytes:
-    try:
-        return gzip.decompress(data)
-    except EOFError:
-        raise TraceError("truncated gzip data (the compressed stream ends early)") from None
-    except (gzip.BadGzipFile, zlib.error) as e:
-        raise TraceError(f"corrupt gzip data: {_clip(str(e))}") from None
+def parse_stream(f: BinaryIO) -> tuple[str, list[Event]]:
+    """Sniff a binary stream (possibly gzip-compressed) and parse it as it is read."""
+    stream = io.BufferedReader(_Checked(f), 1 << 20)
+    if _head(stream, 2) == GZIP_MAGIC:
+        stream = io.BufferedReader(_Checked(gzip.GzipFile(fileobj=stream, mode="rb")), 1 << 20)
+    head = _head(stream, len(MAGIC))
+    if head == MAGIC:
+        return "cuarena-trace", read_cuat(stream.read())
+    if head[:1] == PICKLE_PROTO:
+        return "pytorch-snapshot", snapshot_events(_unpickle(stream))
+    if _looks_like_rmm_csv(stream.peek(1 << 16)):
+        return "rmm-csv", _rmm_csv_stream(stream)
+    raise TraceError("empty file: " + UNKNOWN_INPUT if not head else UNKNOWN_INPUT)
+
+
+class _Checked(io.RawIOBase):
+    """A stream whose gzip errors, raised while it is read, are TraceErrors."""
+
+    def __init__(self, inner: BinaryIO):
+        self.inner = inner
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        try:
+            return self.inner.readinto(buffer)
+        except EOFError:
+            raise TraceError("truncated gzip data (the compressed stream ends early)") from None
+        except (gzip.BadGzipFile, zlib.error) as e:
+            raise TraceError(f"corrupt gzip data: {_clip(str(e))}") from None
+
+
+def _head(stream: io.BufferedReader, n: int) -> bytes:
+    """The first ``n`` bytes of ``stream`` (fewer at its end), not consumed."""
+    head = stream.peek(n)[:n]
+    while len(head) < n and len(stream.peek(n)) > len(head):
+        head = stream.peek(n)[:n]
+    return head
 
 
 # --- PyTorch snapshots -----------------------------------------------------------------------
@@ -151,9 +178,11 @@ class _SnapshotUnpickler(pickle.Unpickler):
         )
 
 
-def _unpickle(data: bytes) -> object:
+def _unpickle(stream: BinaryIO) -> object:
     try:
-        return _SnapshotUnpickler(io.BytesIO(data)).load()
+        return _SnapshotUnpickler(stream).load()
+    except TraceError:
+        raise  # the gzip stream under the pickle
     except pickle.UnpicklingError as e:
         raise TraceError(f"bad pickle: {_clip(str(e))}") from None
     except EOFError:
@@ -314,22 +343,32 @@ def rmm_csv_events(data: bytes) -> list[Event]:
     action -> 255. Times are microseconds after the first row; if any row's Time cannot be
     read, every event is stamped with its row index instead.
     """
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise TraceError(f"line {line}: not UTF-8 text") from None
-    reader = csv.reader(io.StringIO(text, newline=""))
+    return _rmm_csv_stream(io.BytesIO(data))
+
+
+MAX_BLANK_LINES = 10_000  # an RMM log has none; past this the file is not one (and slow to skip)
+
+
+def _rmm_csv_stream(stream: BinaryIO) -> list[Event]:
+    """rmm_csv_events() of a binary stream, decoded and parsed as it is read."""
+    reader = csv.reader(io.TextIOWrapper(stream, encoding="utf-8-sig", newline=""))
     rows: list[_RmmRow] = []
+    blank = 0
     try:
         header = next(reader)
         columns = _rmm_columns(header)
         for fields in reader:
             if not any(field.strip() for field in fields):
-                continue  # blank line
+                blank += 1
+                if blank > MAX_BLANK_LINES:
+                    raise TraceError(f"line {reader.line_num}: more than {MAX_BLANK_LINES} "
+                                     "blank lines: not an RMM log")
+                continue
             rows.append(_rmm_row(fields, columns, len(header), reader.line_num))
     except csv.Error as e:
         raise TraceError(f"line {reader.line_num}: bad CSV ({_clip(str(e))})") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"line {reader.line_num + 1}: not UTF-8 text") from None
     return _rmm_events(rows)
 
 

@@ -13,6 +13,7 @@
 #include "cuarena/replay/cuda_check.hpp"
 #include "cuarena/replay/gpu_capacity.hpp"
 #include "cuarena/replay/gpu_replay.hpp"
+#include "cuarena/replay/replay.hpp"
 
 namespace cuarena::replay {
 
@@ -37,20 +38,9 @@ class CuarenaGpu final : public GpuAllocator {
     return std::size_t(alloc_.stats().reserved_bytes[int(Pool::kAll)].current);
   }
   std::map<std::string, std::int64_t> counters() override {
-    const Stats s = alloc_.stats();
-    std::map<std::string, std::int64_t> out = {
-        {"driver_calls", std::int64_t(backend_->driver_calls())},
-        {"map_calls", s.map_calls},
-        {"unmap_calls", s.unmap_calls},
-        {"access_calls", s.access_calls},
-        {"granules_mapped", s.granules_mapped},
-        {"num_device_alloc", s.num_device_alloc},
-        {"granules_stolen", s.granules_stolen},
-        {"granules_aliased", s.granules_aliased},
-        {"granules_reactivated", s.granules_reactivated},
-        {"events_recorded", s.events_recorded},
-        {"stream_cache_hits", s.stream_cache_hits},
-        {"num_sync_all_streams", s.num_sync_all_streams}};
+    // The simulator rows' counters (every Stats::to_map() key), plus the driver's.
+    std::map<std::string, std::int64_t> out = stats_counters(alloc_.stats());
+    out["driver_calls"] = std::int64_t(backend_->driver_calls());
     // Host time in each driver call, in microseconds: where the replay time goes.
     for (const auto& [call, us] : backend_->driver_us())
       out["driver_us." + call] = std::int64_t(us);

@@ -35,7 +35,8 @@ struct LiveBlock {
 };
 
 // The GPU row's work at each event of the replayer's loop (replay_loop.hpp). A failed
-// allocation is not kept live (keep): its free counts as skipped, as before the shared loop.
+// allocation stays live as an empty block, as on the simulator (TraceHooks::keep): the job had
+// the block, so its free is a free and a later alloc of its address a lost free.
 struct GpuHooks : TraceHooks<LiveBlock> {
   GpuAllocator& allocator;
   const GpuReplayOptions& options;
@@ -78,8 +79,8 @@ struct GpuHooks : TraceHooks<LiveBlock> {
     }
     return LiveBlock{p, e.size, stream, tag};
   }
-  bool keep(const LiveBlock& b) { return b.ptr != nullptr; }
   void on_free(std::size_t, const Event& e, LiveBlock& b) {
+    if (b.ptr == nullptr) return;      // the allocation failed: nothing to free
     if (e.action == Action::kAlloc) {  // the trace lost this address's free: untimed, unchecked
       allocator.deallocate(b.ptr, b.size, b.stream);
       return;
@@ -97,6 +98,7 @@ struct GpuHooks : TraceHooks<LiveBlock> {
   }
   void on_end(std::unordered_map<std::uint64_t, LiveBlock>& live) {
     for (auto& [addr, b] : live) {
+      if (b.ptr == nullptr) continue;  // a failed allocation
       if (options.verify) launch_check(b.ptr, b.size, b.tag, error_flag, b.stream);
       allocator.deallocate(b.ptr, b.size, b.stream);
     }

@@ -73,19 +73,27 @@ struct FreeExtents {
 // live blocks. Block sizes are the requests rounded as PyTorch rounds them; unsplit remainders
 // count as free; each gap between blocks in a mapped range is one piece.
 FreeExtents recorded_free(const std::vector<Event>& events, std::size_t last) {
-  RangeSet mapped;
-  std::map<std::uint64_t, std::uint64_t> blocks;
-  for (std::size_t i = 0; i <= last; ++i) {
-    const Event& e = events[i];
-    if (e.action == Action::kSegmentAlloc || e.action == Action::kSegmentMap)
-      mapped.add(e.addr, e.addr + e.size);
-    else if (e.action == Action::kSegmentFree || e.action == Action::kSegmentUnmap)
-      mapped.remove(e.addr, e.addr + e.size);
-    else if (e.action == Action::kAlloc)
+  // Live blocks by the replay loop's rules (a lost free, a free never allocated).
+  struct Hooks : TraceHooks<char> {
+    RangeSet mapped;
+    std::map<std::uint64_t, std::uint64_t> blocks;
+    void on_event(std::size_t, const Event& e) {
+      if (e.action == Action::kSegmentAlloc || e.action == Action::kSegmentMap)
+        mapped.add(e.addr, e.addr + e.size);
+      else if (e.action == Action::kSegmentFree || e.action == Action::kSegmentUnmap)
+        mapped.remove(e.addr, e.addr + e.size);
+    }
+    char on_alloc(std::size_t, const Event& e) {
       blocks[e.addr] = pytorch_rounded(e.size);
-    else if (e.action == Action::kFreeCompleted)
-      blocks.erase(e.addr);
-  }
+      return 0;
+    }
+    void on_free(std::size_t, const Event& e, char&) {
+      if (e.action != Action::kAlloc) blocks.erase(e.addr);  // a lost free: on_alloc replaces it
+    }
+  } hooks;
+  run_trace<char>(events, hooks, last + 1);
+  const RangeSet& mapped = hooks.mapped;
+  const std::map<std::uint64_t, std::uint64_t>& blocks = hooks.blocks;
   FreeExtents f;
   auto gap = [&f](std::uint64_t bytes) {
     f.total += bytes;
@@ -127,7 +135,14 @@ std::vector<int> devices_in(const std::vector<Event>& all) {
   return {seen.begin(), seen.end()};
 }
 
-std::vector<std::pair<int, std::vector<Event>>> split_by_device(const std::vector<Event>& all) {
+std::vector<std::pair<int, std::vector<Event>>> split_by_device(std::vector<Event> all) {
+  if (!all.empty() && std::all_of(all.begin(), all.end(),
+                                  [&](const Event& e) { return e.device == all.front().device; })) {
+    const int device = all.front().device;
+    std::vector<std::pair<int, std::vector<Event>>> one;
+    one.emplace_back(device, std::move(all));  // the common case: no second copy of a large trace
+    return one;
+  }
   std::map<int, std::vector<Event>> by;
   for (const Event& e : all) by[e.device].push_back(e);
   return {std::make_move_iterator(by.begin()), std::make_move_iterator(by.end())};
@@ -441,6 +456,35 @@ std::uint64_t sim_capacity_bytes(const SimOptions& options) {
   return sim_options(options).capacity;
 }
 
+std::uint64_t max_sim_capacity(std::uint64_t granularity) {
+  return std::min<std::uint64_t>(kMaxDeviceBytes, kMaxSimGranules * granularity);
+}
+
+void check_device_totals(const std::vector<Event>& events, int device) {
+  // Each event's size is at most kMaxDeviceBytes (the reader's rule), so the sums below cannot
+  // wrap before they are caught: one step adds at most 2^44 to a value of at most 2^44.
+  struct Hooks : RequestedHooks {
+    std::int64_t segments = 0;
+    std::size_t bad = std::string::npos;
+    const char* what = nullptr;
+    void on_event(std::size_t, const Event& e) { segments += segment_delta(e); }
+    bool after(std::size_t i, const Event&) {
+      if (current > kMaxDeviceBytes)
+        what = "the live allocations add up to";
+      else if (segments > std::int64_t(kMaxDeviceBytes) ||
+               segments < -std::int64_t(kMaxDeviceBytes))
+        what = "the recorded segments add up to";
+      if (what) bad = i;
+      return !what;
+    }
+  } hooks;
+  run_trace<std::uint64_t>(events, hooks);
+  if (hooks.what) {
+    throw TraceError("device " + std::to_string(device) + ", event " + std::to_string(hooks.bad) +
+                     ": " + hooks.what + " more than any device holds (16 TiB)");
+  }
+}
+
 Result replay_cuarena(const std::vector<Event>& events, const SimOptions& options) {
   const auto start = Clock::now();
   std::optional<SeriesRecorder> rec;
@@ -509,7 +553,7 @@ std::uint64_t min_capacity(const std::vector<Event>& events, const SimOptions& o
     return run_sim(events, o, std::string::npos).ooms == 0;
   };
   return search_min_capacity(options.device.granularity, peak_requested(events), known_good,
-                             std::uint64_t{1} << 50, fits)
+                             max_sim_capacity(options.device.granularity), fits)
       .value_or(0);
 }
 
@@ -568,7 +612,7 @@ CheckedMinCapacity min_capacity_checked(const std::vector<Event>& events, const 
     return run_sim(events, o, std::string::npos).ooms;
   };
   return checked_min_capacity(options.device.granularity, peak_requested(events), known_good,
-                              std::uint64_t{1} << 50, ooms_at);
+                              max_sim_capacity(options.device.granularity), ooms_at);
 }
 
 }  // namespace cuarena::replay

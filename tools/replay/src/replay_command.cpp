@@ -40,6 +40,15 @@ SimOptions sim_options(const ReplayArgs& a) {
     if (sim.capacity > kMaxDeviceBytes)
       throw ConfigError("--capacity " + a.capacity + " is larger than any device (at most 16TiB)");
   }
+  const std::uint64_t g = sim.device.granularity, capacity = sim_capacity_bytes(sim);
+  if (capacity > max_sim_capacity(g)) {
+    throw ConfigError((a.capacity.empty() ? "sim_capacity " + format_bytes(capacity)
+                                          : "--capacity " + a.capacity) +
+                      " is " + std::to_string(capacity / g) + " granules of sim_granularity " +
+                      format_bytes(g) + "; the simulator takes at most " +
+                      std::to_string(kMaxSimGranules) + " (" + format_bytes(max_sim_capacity(g)) +
+                      " at this granularity): a smaller capacity or a larger sim_granularity");
+  }
   sim.torch_conf = a.torch_conf;
   sim.series = a.series || !a.report.empty();
   return sim;
@@ -68,11 +77,20 @@ int run_replay(ReplayArgs a) {
   if (!a.report.empty()) check_report(a.report);
   // Load everything first, so a bad file is reported before any long replay; the others are
   // still replayed and the exit status is 2 at the end.
-  std::vector<std::pair<std::string, std::vector<Event>>> traces;
+  using Devices = std::vector<std::pair<int, std::vector<Event>>>;
+  std::vector<std::pair<std::string, Devices>> traces;
   bool bad_input = false;
   for (const std::string& path : a.traces) {
     try {
-      traces.emplace_back(path, load_trace(path));
+      Devices by_device = split_by_device(load_trace(path));  // one pass, however many devices
+      for (const auto& [device, ev] : by_device) {
+        try {
+          check_device_totals(ev, device);
+        } catch (const TraceError& e) {
+          throw TraceError(path + ": " + e.what());
+        }
+      }
+      traces.emplace_back(path, std::move(by_device));
     } catch (const TraceError& e) {
       std::cerr << "cuarena: error: " << e.what() << '\n';
       bad_input = true;
@@ -83,8 +101,7 @@ int run_replay(ReplayArgs a) {
   std::vector<Result> results;
   bool failures = false;
   Notes notes;  // per-device notes, one line per trace and text (flushed after each trace)
-  for (const auto& [path, events] : traces) {
-    const auto by_device = split_by_device(events);  // one pass, however many devices
+  for (const auto& [path, by_device] : traces) {
     if (by_device.empty()) std::cerr << "cuarena replay: " << path << ": the trace has no events\n";
     const std::string trace = trace_name(path);
     for (const auto& [device, ev] : by_device) {

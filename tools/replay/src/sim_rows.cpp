@@ -13,9 +13,16 @@ namespace {
 // there that fails is a note (the reported figure is then above every failing probe).
 void sim_min_capacity(Result& r, const RowContext& c) {
   const CheckedMinCapacity m = min_capacity_checked(c.events, c.sim, r.peak_reserved_bytes);
-  r.min_capacity_bytes = m.bytes.value_or(0);  // 0: nothing up to 2^50 bytes fits, as before
+  r.min_capacity_bytes = m.bytes.value_or(0);  // 0: nothing up to max_sim_capacity() fits
   r.min_capacity_search_bytes = m.searched;
   r.min_capacity_probes = m.probes;
+  const std::string ceiling = format_bytes(max_sim_capacity(c.sim.device.granularity));
+  if (!m.searched) {
+    c.notes.add(c.trace, c.label,
+                r.allocator + ": no capacity up to " + ceiling +
+                    " (the largest simulated device) replays without out-of-memory");
+    return;
+  }
   if (m.bytes == m.searched) return;
   const CapacityProbe* worst = nullptr;  // the largest failing probe
   for (const CapacityProbe& p : m.probes)
@@ -27,7 +34,7 @@ void sim_min_capacity(Result& r, const RowContext& c) {
                   (worst->ooms == 1 ? " failed allocation): " : " failed allocations): ") +
                   (m.bytes ? "min capacity " + format_bytes(*m.bytes) +
                                  ", the smallest capacity above which every probe fits"
-                           : std::string("no capacity up to 1 PiB fits above it")) +
+                           : "no capacity up to " + ceiling + " fits above it") +
                   " (min_capacity_probes in the JSON)");
 }
 

@@ -792,7 +792,10 @@ namespace {
 struct TorchRun {
   Result result;
   std::uint64_t peak = 0;
+  std::size_t peak_index = 0;  // the event during which reserved memory last rose to `peak`
 };
+
+constexpr std::size_t kWholeTrace = std::size_t(-1);
 
 TorchCachingSim::Options sim_options(const TorchSimOptions& o) {
   TorchCachingSim::Options so;
@@ -818,9 +821,13 @@ Result::FirstOom describe_oom(const TorchCachingSim& sim, std::size_t index, std
 }
 
 // Replays the trace; stops at the first out-of-memory when `stop_at_oom`. Feeds `series` (when
-// given) the most reserved bytes during each event.
+// given) the most reserved bytes during each event. With `measure_at`, replays events
+// [0, measure_at] and fills the figures of the peak (free memory, fragmentation, rounding
+// waste, segments) from the state after the last: measuring at every new peak cost a pass over
+// the cached blocks each time, quadratic when the peak rises on most events (many streams).
 TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& options,
-                   bool stop_at_oom, SeriesRecorder* series = nullptr) {
+                   bool stop_at_oom, SeriesRecorder* series = nullptr,
+                   std::size_t measure_at = kWholeTrace) {
   TorchCachingSim sim(sim_options(options));
   TorchRun run;
   Result& r = run.result;
@@ -866,22 +873,25 @@ TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& opti
       if (h) sim.free_requested(*h);
       return false;  // in use until its free_completed
     }
-    bool after(std::size_t, const Event&) {
-      Result& r = run.result;
-      if (sim.peak_reserved_bytes() > run.peak) {  // where memory sits at the new peak
+    bool after(std::size_t i, const Event&) {
+      if (sim.peak_reserved_bytes() > run.peak) {
         run.peak = sim.peak_reserved_bytes();
-        const TorchCachingSim::FreeInfo f = sim.free_info();
-        r.free_at_peak_bytes = f.free_bytes;
-        r.external_fragmentation =
-            f.free_bytes ? 1.0 - double(f.largest_free) / double(f.free_bytes) : 0.0;
-        r.rounding_waste_bytes = sim.allocated_bytes() - sim.requested_bytes();
-        r.counters["peak.segments"] = std::int64_t(sim.segment_count());
+        run.peak_index = i;
       }
       if (series) series->add(sim.take_interval_peak());
-      return !(stop_at_oom && r.ooms);
+      return !(stop_at_oom && run.result.ooms);
     }
   } hooks{{}, sim, options, run, series, stop_at_oom};
-  const TraceCounts counts = run_trace<Handle>(events, hooks);
+  const TraceCounts counts =
+      run_trace<Handle>(events, hooks, measure_at == kWholeTrace ? events.size() : measure_at + 1);
+  if (measure_at != kWholeTrace) {  // where memory sits at the peak
+    const TorchCachingSim::FreeInfo f = sim.free_info();
+    r.free_at_peak_bytes = f.free_bytes;
+    r.external_fragmentation =
+        f.free_bytes ? 1.0 - double(f.largest_free) / double(f.free_bytes) : 0.0;
+    r.rounding_waste_bytes = sim.allocated_bytes() - sim.requested_bytes();
+    r.counters["peak.segments"] = std::int64_t(sim.segment_count());
+  }
   r.allocs = counts.allocs;
   r.frees = counts.frees;
   r.skipped_events = counts.skipped;
@@ -901,8 +911,16 @@ Result replay_torch_sim(const std::vector<Event>& events, const TorchSimOptions&
   const auto start = std::chrono::steady_clock::now();
   std::optional<SeriesRecorder> rec;
   if (options.series) rec.emplace(events.size());
-  Result r = run_torch(events, options, false, rec ? &*rec : nullptr).result;
+  const TorchRun run = run_torch(events, options, false, rec ? &*rec : nullptr);
+  Result r = run.result;
   if (rec) r.series = rec->finish(events);
+  if (run.peak > 0) {  // the replay is deterministic: again, up to the peak, to measure there
+    const Result at_peak = run_torch(events, options, false, nullptr, run.peak_index).result;
+    r.free_at_peak_bytes = at_peak.free_at_peak_bytes;
+    r.external_fragmentation = at_peak.external_fragmentation;
+    r.rounding_waste_bytes = at_peak.rounding_waste_bytes;
+    r.counters["peak.segments"] = at_peak.counters.at("peak.segments");
+  }
   r.allocator = options.expandable ? "torch-expandable-sim" : "torch-native-sim";
   r.backend = "sim";
   r.peak_requested_bytes = peak_requested(events);
@@ -920,8 +938,8 @@ std::optional<std::uint64_t> torch_sim_min_capacity(const std::vector<Event>& ev
     o.capacity = capacity;
     return run_torch(events, o, true).result.ooms == 0;
   };
-  return search_min_capacity(kRoundLarge, peak_requested(events), known_good,
-                             std::uint64_t{1} << 50, fits);
+  return search_min_capacity(kRoundLarge, peak_requested(events), known_good, kMaxDeviceBytes,
+                             fits);
 }
 
 bool is_torch_sim(const std::string& allocator) {

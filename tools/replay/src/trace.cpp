@@ -24,6 +24,8 @@ using cuat::kRecordSize;
 using cuat::kVersion;
 using cuat::load_le;
 
+constexpr std::uint64_t kMaxGzipExpansion = 1032;  // deflate's largest output per input byte
+
 [[noreturn]] void fail(const std::string& path, const std::string& problem) {
   throw TraceError(path + ": " + problem);
 }
@@ -158,13 +160,23 @@ std::vector<Event> read_cuat(const std::string& file, const std::string& path) {
     fail(path, "unexpected record size " + std::to_string(record_size));
   if (count > (std::uint64_t{1} << 34))
     fail(path, "implausible event count " + std::to_string(count));
-  // Room for what the file can hold, not what its header claims (32 bytes may claim 2^34
-  // events): an uncompressed file's size bounds it; a gzipped one grows the vector past 2^20.
-  std::uint64_t room = std::min<std::uint64_t>(count, 1u << 20);
+  // A header may claim no more records than the file can hold: an uncompressed file, its size;
+  // a gzipped one, 1032 bytes per compressed byte (deflate's largest expansion). Then room for
+  // all of them at once (growing a vector of 10^8 events would peak at 1.5x).
+  std::uint64_t room = std::min<std::uint64_t>(count, 1u << 20);  // size unknown: grow
   std::error_code size_ec;
   const std::uint64_t file_bytes = std::filesystem::file_size(file, size_ec);
-  if (gzdirect(f.get()) && !size_ec)
-    room = std::min<std::uint64_t>(count, file_bytes > 32 ? (file_bytes - 32) / kRecordSize : 0);
+  if (!size_ec) {
+    room = count;
+    const std::uint64_t most = gzdirect(f.get()) ? (file_bytes > 32 ? file_bytes - 32 : 0)
+                                                 : file_bytes * kMaxGzipExpansion;
+    if (count > most / kRecordSize) {
+      fail(path, "truncated: header promises " + std::to_string(count) + " events, a " +
+                     std::to_string(file_bytes) + "-byte " +
+                     (gzdirect(f.get()) ? "file" : "gzip file") + " holds at most " +
+                     std::to_string(most / kRecordSize));
+    }
+  }
   std::vector<Event> events;
   events.reserve(std::size_t(room));
   std::vector<unsigned char> buf(kRecordSize * 4096);

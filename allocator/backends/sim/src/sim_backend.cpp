@@ -56,10 +56,15 @@ DevicePtr SimBackend::reserve(std::size_t bytes) {
                        std::to_string(bytes) + " bytes");
   }
   const DevicePtr base = next_va_;
-  next_va_ += bytes + g;  // a guard granule between ranges catches overruns
-  ranges_.push_back({base, bytes, std::vector<PhysHandle>(bytes / g, 0),
-                     std::vector<std::size_t>(bytes / g, 0), std::vector<bool>(bytes / g, false)});
+  next_va_ += bytes + g;                         // a guard granule between ranges catches overruns
+  ranges_.push_back({base, bytes, {}, {}, {}});  // granule tables grow as granules are mapped
   return base;
+}
+
+void SimBackend::grow(Range& r, std::size_t granules) {
+  r.mapped.resize(granules, 0);
+  r.offset.resize(granules, 0);
+  r.access.resize(granules, false);
 }
 
 const SimBackend::Range* SimBackend::find_range(DevicePtr va) const {
@@ -131,8 +136,8 @@ void SimBackend::map_no_access(DevicePtr va, std::size_t bytes, PhysHandle chunk
 
 bool SimBackend::one_mapping(const Range& r, std::size_t i) const {
   const std::size_t g = options_.granularity;
-  return r.mapped[i] != 0 && chunks_.at(r.mapped[i]).whole && r.mapped[i + 1] == r.mapped[i] &&
-         r.offset[i + 1] == r.offset[i] + g;
+  return i + 1 < r.mapped.size() && r.mapped[i] != 0 && chunks_.at(r.mapped[i]).whole &&
+         r.mapped[i + 1] == r.mapped[i] && r.offset[i + 1] == r.offset[i] + g;
 }
 
 SimBackend::Span SimBackend::whole_mappings(DevicePtr va, std::size_t bytes, const char* op) {
@@ -141,7 +146,8 @@ SimBackend::Span SimBackend::whole_mappings(DevicePtr va, std::size_t bytes, con
   const std::size_t g = options_.granularity;
   const Span span{r, (va - r.base) / g, bytes / g};
   for (std::size_t i = span.first; i < span.first + span.count; ++i) {
-    if (r.mapped[i] == 0) misuse(std::string(op) + " of a granule not mapped");
+    if (i >= r.mapped.size() || r.mapped[i] == 0)
+      misuse(std::string(op) + " of a granule not mapped");
   }
   // A whole chunk's mapping may not straddle either end. (The same chunk may also be mapped
   // again right next to itself.)
@@ -168,6 +174,7 @@ void SimBackend::map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk,
   if (it->second.whole && (offset != 0 || bytes != it->second.bytes))
     misuse("map of part of a whole chunk");
   const std::size_t first = (va - r.base) / g, count = bytes / g;
+  if (r.mapped.size() < first + count) grow(r, first + count);
   for (std::size_t i = first; i < first + count; ++i) {
     if (r.mapped[i] != 0) misuse("map over an already mapped granule");
   }
@@ -200,6 +207,7 @@ DevicePtr SimBackend::allocate_segment(std::size_t bytes, StreamId) {
   chunks_.emplace(h, Chunk{bytes, bytes / options_.granularity});
   Range& r = ranges_.back();
   r.segment = true;
+  grow(r, bytes / options_.granularity);
   std::fill(r.mapped.begin(), r.mapped.end(), h);
   r.access.assign(r.access.size(), true);
   physical_bytes_ += bytes;
@@ -222,7 +230,7 @@ SimBackend::Backing SimBackend::backing(DevicePtr addr) const {
   if (r == nullptr) return {};
   const std::size_t g = options_.granularity;
   const std::size_t i = (addr - r->base) / g;
-  if (r->mapped[i] == 0) return {};
+  if (i >= r->mapped.size() || r->mapped[i] == 0) return {};
   const std::size_t in_granule = (addr - r->base) % g;
   return {r->mapped[i], r->segment ? addr - r->base : r->offset[i] + in_granule};
 }
@@ -233,7 +241,7 @@ bool SimBackend::is_mapped(DevicePtr addr, std::size_t bytes) const {
   if (r == nullptr || addr + bytes > r->base + r->size) return false;
   const std::size_t g = options_.granularity;
   for (std::size_t i = (addr - r->base) / g; i <= (addr + bytes - 1 - r->base) / g; ++i) {
-    if (r->mapped[i] == 0 || !r->access[i]) return false;
+    if (i >= r->mapped.size() || r->mapped[i] == 0 || !r->access[i]) return false;
   }
   return true;
 }

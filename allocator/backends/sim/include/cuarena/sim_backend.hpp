@@ -117,9 +117,11 @@ class SimBackend final : public DeviceBackend {
   struct Range {
     DevicePtr base;
     std::size_t size;
-    std::vector<PhysHandle> mapped;   // per granule: the chunk mapped there, 0 if none
-    std::vector<std::size_t> offset;  // per granule: its byte offset in that chunk
-    std::vector<bool> access;         // per granule: mapped with access granted
+    // Per granule up to the highest ever mapped (not the whole reservation, which may be 4x
+    // the device: memory follows what is mapped, as in the core's Arena).
+    std::vector<PhysHandle> mapped;   // the chunk mapped there, 0 if none
+    std::vector<std::size_t> offset;  // its byte offset in that chunk
+    std::vector<bool> access;         // mapped with access granted
     bool segment = false;             // from allocate_segment(): backed by its own chunk
   };
   struct Chunk {
@@ -128,6 +130,7 @@ class SimBackend final : public DeviceBackend {
     bool whole = false;        // mapped and unmapped only as a whole
   };
   Range& range_of(DevicePtr va, std::size_t bytes, const char* op);
+  static void grow(Range& r, std::size_t granules);
   void map_granules(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset,
                     bool access);
   /// True when granules i and i+1 of `r` are one mapping (consecutive granules of a whole chunk).

@@ -111,7 +111,7 @@ std::vector<Event> device_events(const std::vector<Event>& all, int device);
 std::vector<int> devices_in(const std::vector<Event>& all);
 /// Every device's events in one pass (device_events() for each device costs a pass each):
 /// (device, its events in trace order), devices ascending.
-std::vector<std::pair<int, std::vector<Event>>> split_by_device(const std::vector<Event>& all);
+std::vector<std::pair<int, std::vector<Event>>> split_by_device(std::vector<Event> all);
 
 /// The largest sum of live requested bytes (alloc adds, free_completed of a seen alloc removes).
 std::uint64_t peak_requested(const std::vector<Event>& events);
@@ -156,6 +156,19 @@ std::string config_markdown_table();
 /// The simulated device's bytes under `options` (--capacity, else sim_capacity, else the
 /// recorded H200's 143771 MiB).
 std::uint64_t sim_capacity_bytes(const SimOptions& options);
+
+/// The most granules a simulated device may have: 16 TiB of 2 MiB granules. Both the simulator
+/// and the core keep a few words per granule, so finer granules mean a smaller device.
+inline constexpr std::uint64_t kMaxSimGranules = std::uint64_t{1} << 23;
+
+/// The largest capacity the simulator replays under with granules of `granularity` bytes:
+/// kMaxDeviceBytes, and at most kMaxSimGranules granules. The capacity searches stop there.
+std::uint64_t max_sim_capacity(std::uint64_t granularity);
+
+/// Throws TraceError (without the file's name) when a device's live requested bytes (by the
+/// replay loop's rules) or its recorded segments ever add up to more than kMaxDeviceBytes: no
+/// device holds that, and every replay's sums then stay far from 64-bit overflow.
+void check_device_totals(const std::vector<Event>& events, int device);
 
 /// Replays through cuarena on the SimBackend.
 Result replay_cuarena(const std::vector<Event>& events, const SimOptions& options);

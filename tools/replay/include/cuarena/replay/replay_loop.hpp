@@ -38,10 +38,6 @@ struct TraceHooks {
   void on_event(std::size_t /*i*/, const Event& /*e*/) {}
   /// An allocation (after the lost free of its address, if any, went to on_free).
   Handle on_alloc(std::size_t /*i*/, const Event& /*e*/) { return Handle{}; }
-  /// Whether the block on_alloc returned becomes live. Default: always, a failed allocation too
-  /// (its free then counts as a free, a later alloc of its address as a lost free). The GPU rows
-  /// keep only the blocks they got, so a failed allocation's free is skipped there.
-  bool keep(const Handle& /*h*/) { return true; }
   /// A live block freed: at its free_completed, or at a later alloc of its address (a lost
   /// free; `e` is then that alloc).
   void on_free(std::size_t /*i*/, const Event& /*e*/, Handle& /*h*/) {}
@@ -77,8 +73,9 @@ TraceCounts run_trace(const std::vector<Event>& events, Hooks& hooks,
           live.erase(old);
           if (rules.lost_free_skipped) ++c.skipped;
         }
-        Handle h = hooks.on_alloc(i, e);
-        if (hooks.keep(h)) live.emplace(e.addr, std::move(h));
+        // Live even when the row's allocation failed (an empty handle its on_free ignores):
+        // the job had the block, so its free is a free and a later alloc there a lost free.
+        live.emplace(e.addr, hooks.on_alloc(i, e));
         break;
       }
       case Action::kFreeRequested: {
