@@ -302,6 +302,7 @@ void BlockPool::deallocate(Block* b) {
   b->allocated = false;
   b->shared = false;
   b->free_seq = ++sp.seq;
+  mark_unswept(sp);
   stamp(b);
   insert_free(coalesce(b));  // newest free_seq: the FIFO's back keeps it sorted
   // Keep one sweep in flight per stream, checked every sweep_interval frees, so blocks freed a
@@ -829,6 +830,7 @@ void BlockPool::retire(StreamPool& sp, Block* f, std::size_t g0, std::size_t g1)
   if (a.granule_addr(g1) < mid->end()) insert_free(split_off(mid, a.granule_addr(g1)), next);
   mid->retired = true;
   mid->free_seq = ++sp.seq;
+  mark_unswept(sp);
   stamp(mid);
   insert_free(mid);  // back of the retired list: waits for a sweep recorded from now on
 }
@@ -878,6 +880,10 @@ void BlockPool::start_sweep(StreamId stream, StreamPool& sp) {
     --sweeps_pending_;
   }
   sp.sweeps.emplace_back(ctx_.backend.record_event(stream), sp.seq);
+  if (!sp.sweeping) {
+    sp.sweeping = true;
+    sweeping_.push_back(&sp);
+  }
   ++sweeps_pending_;
   ++ctx_.stats.events_recorded;
 }
@@ -896,12 +902,27 @@ void BlockPool::poll_stream(StreamPool& sp) {
 }
 
 void BlockPool::record_sweeps() {
-  for (auto& [stream, sp] : streams_) start_sweep(stream, sp);
+  std::vector<StreamPool*> listed;
+  listed.swap(unswept_);
+  for (StreamPool* sp : listed) {
+    sp->unswept = false;
+    start_sweep(sp->id, *sp);  // covers everything it freed, or has nothing new to cover
+  }
 }
 
 void BlockPool::poll_sweeps() {
   if (sweeps_pending_ == 0) return;
-  for (auto& [stream, sp] : streams_) poll_stream(sp);
+  // Index loop: sharing blocks never records a sweep, but keep no iterator across it anyway.
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < sweeping_.size(); ++i) {
+    StreamPool* sp = sweeping_[i];
+    poll_stream(*sp);
+    if (sp->sweeps.empty())
+      sp->sweeping = false;
+    else
+      sweeping_[kept++] = sp;
+  }
+  sweeping_.resize(kept);
 }
 
 void BlockPool::make_shared(Block* b) {
@@ -949,8 +970,8 @@ bool BlockPool::finished(const Arena& a, std::size_t g) const {
 void BlockPool::synchronize() {
   // Finish pending sweeps, cover everything freed since, and finish those too.
   for (int round = 0; round < 2; ++round) {
-    for (auto& [stream, sp] : streams_) {
-      for (auto& [event, seq] : sp.sweeps) ctx_.backend.wait_event(event);
+    for (StreamPool* sp : sweeping_) {
+      for (auto& [event, seq] : sp->sweeps) ctx_.backend.wait_event(event);
     }
     poll_sweeps();
     if (round == 0) record_sweeps();

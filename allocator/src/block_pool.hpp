@@ -140,8 +140,11 @@ class BlockPool {
     SizeIndex free;
     IntrusiveList<Block, &Block::fifo> fifo;     // owned free blocks, sorted by free_seq
     IntrusiveList<Block, &Block::fifo> retired;  // retired blocks, sorted by free_seq
+    StreamId id = 0;
     std::uint64_t seq = 0;
     std::uint64_t done = 0;  ///< frees up to this seq are finished on the device
+    bool sweeping = false;   ///< listed in sweeping_
+    bool unswept = false;    ///< listed in unswept_
     /// Sweep events in flight, oldest first: (event, last free_seq it covers).
     std::deque<std::pair<EventId, std::uint64_t>> sweeps;
   };
@@ -151,6 +154,7 @@ class BlockPool {
     // node-based map whose entries are never erased, so the pointer stays valid.)
     if (last_sp_ == nullptr || stream != last_stream_) {
       last_sp_ = &streams_[stream];
+      last_sp_->id = stream;
       last_stream_ = stream;
     }
     return *last_sp_;
@@ -182,6 +186,13 @@ class BlockPool {
   void start_sweep(StreamId stream, StreamPool& sp);
   /// Retires the stream's completed sweeps (oldest first), sharing the blocks they cover.
   void poll_stream(StreamPool& sp);
+  /// Lists `sp` for the next record_sweeps(): a free or retirement no sweep covers yet.
+  void mark_unswept(StreamPool& sp) {
+    if (!sp.unswept) {
+      sp.unswept = true;
+      unswept_.push_back(&sp);
+    }
+  }
 
   /// Granule g of `a` lies in free memory whose last user is finished with it: its physical
   /// granule may be mapped elsewhere (Arena::FreeStamp).
@@ -262,6 +273,10 @@ class BlockPool {
   std::vector<std::unique_ptr<Arena>> arenas_;
   std::vector<Block*> arena_first_;  // block at each arena's base; never merged away
   std::unordered_map<StreamId, StreamPool> streams_;
+  // Sweeps visit only the streams with work, so their cost follows the streams in use, not all
+  // the streams ever seen (a job may create hundreds of thousands).
+  std::vector<StreamPool*> sweeping_;  // streams with sweep events in flight (and a few done)
+  std::vector<StreamPool*> unswept_;   // streams whose latest frees no sweep covers yet
   SizeIndex shared_free_;
   std::map<DevicePtr, Block*> free_by_addr_;  // shared and owned free blocks by address
   IntrusiveList<Block, &Block::lru> warm_;    // LRU: front = freed longest ago
