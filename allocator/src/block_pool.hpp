@@ -83,7 +83,10 @@ using SizeIndex = std::set<Block*, BySize>;
 class BlockPool {
  public:
   explicit BlockPool(Context& ctx)
-      : ctx_(ctx), phys_(ctx), segments_(!ctx.backend.supports_mapping()) {}
+      : ctx_(ctx),
+        phys_(ctx),
+        segments_(!ctx.backend.supports_mapping()),
+        merged_(!segments_ && ctx.config.whole_chunk_min == 0) {}
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -201,8 +204,11 @@ class BlockPool {
   /// (a shared block, or an owned one where finished()), or nullptr. O(log n).
   const Block* free_holder(const Arena& a, std::size_t g) const;
   /// The free block to serve `size` from among those `sp`'s stream may use (its own and the
-  /// shared ones; see the .cpp), or nullptr. O(log n + candidates x granules).
+  /// shared ones; see the .cpp), or nullptr. O(log n + candidates x granules). Memory first.
   Block* best_fit(StreamPool& sp, std::size_t size);
+  /// The same for the default: the stream's own best fit, unless a tighter shared block needs
+  /// no new memory; on a miss, the shared fit missing fewest granules among the few smallest.
+  Block* own_then_shared(StreamPool& sp, std::size_t size);
   /// Granules of [b->addr, b->addr+size) neither mapped nor coming back with no driver call,
   /// counted up to `limit` (the scan stops there: callers only compare against it).
   std::size_t missing_granules(const Block* b, std::size_t size,
@@ -284,7 +290,13 @@ class BlockPool {
   StreamId last_stream_ = 0;  // stream_pool()'s one-entry cache
   StreamPool* last_sp_ = nullptr;
   std::size_t sweeps_pending_ = 0;
-  const bool segments_;            // segment mode: the backend cannot map
+  const bool segments_;  // segment mode: the backend cannot map
+  // Memory first (whole_chunk_min:0): an owned block absorbs shared neighbours its stream used,
+  // placement is one best fit over the stream's own and the shared blocks (best_fit), and
+  // finished granules of owned blocks can be stolen (Arena::FreeStamp). Less memory, more
+  // driver calls; the default keeps owned blocks fully mapped and tries them first
+  // (own_then_shared).
+  const bool merged_;
   std::size_t segment_bytes_ = 0;  // bytes of all segments (segment mode's reserved bytes)
 };
 

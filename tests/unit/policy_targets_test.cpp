@@ -68,14 +68,14 @@ TEST_P(PolicyTargets, NoOutOfMemoryAboveTheMinimumCapacity) {
 }
 
 const Trace kTraces[] = {
-    {"bert_varlen_infer.pickle.gz", 1.9870, 1.2105, 1.3358, 1.115, 1.05},
-    {"gpt2_train.pickle.gz", 1.0838, 1.0698, 1.1776, 1.032, 1.02},
-    {"moe_train.pickle.gz", 1.0788, 1.0681, 1.0775, 1.052, 1.02},
-    {"resnet50_amp.pickle.gz", 1.2045, 1.0100, 1.0636, 1.018, 1.02},
-    {"vit_multistream.pickle.gz", 1.0747, 1.0224, 1.0594, 1.011, 1.02},
-    {"more/llm_generate.pickle.gz", 1.3083, 1.0476, 1.2359, 1.036, 1.05},
-    {"more/compile_train.pickle.gz", 1.1873, 1.0961, 0, 1.024, 1.02},
-    {"more/cnn_varres_infer.pickle.gz", 2.2216, 1.2737, 1.1858, 1.106, 1.05},
+    {"bert_varlen_infer.pickle.gz", 1.9870, 1.2105, 1.3358, 1.220, 1.05},
+    {"gpt2_train.pickle.gz", 1.0838, 1.0698, 1.1776, 1.051, 1.02},
+    {"moe_train.pickle.gz", 1.0788, 1.0681, 1.0775, 1.037, 1.02},
+    {"resnet50_amp.pickle.gz", 1.2045, 1.0100, 1.0636, 1.026, 1.02},
+    {"vit_multistream.pickle.gz", 1.0747, 1.0224, 1.0594, 1.022, 1.02},
+    {"more/llm_generate.pickle.gz", 1.3083, 1.0476, 1.2359, 1.075, 1.05},
+    {"more/compile_train.pickle.gz", 1.1873, 1.0961, 0, 1.019, 1.02},
+    {"more/cnn_varres_infer.pickle.gz", 2.2216, 1.2737, 1.1858, 1.105, 1.05},
 };
 
 void PrintTo(const Trace& t, std::ostream* os) { *os << t.file; }
