@@ -1,8 +1,9 @@
-// A trace's alloc / free_completed events compiled once into operations on dense slot and
-// stream numbers, so a benchmark's timed loop does no hashing of trace addresses. Trace quirks
-// are handled as the replayer handles them: a free of an address never allocated is dropped; an
-// alloc at an address still live first frees the old block (the trace lost its free); blocks
-// left live at the end are freed, so every pass starts from the same state.
+// A trace's alloc / free_completed events compiled once, by the replayer's loop (replay_loop.hpp),
+// into operations on dense slot and stream numbers, so a benchmark's timed loop does no hashing
+// of trace addresses. The loop's rules hold: a free of an address never allocated is dropped; an
+// alloc at an address still live first frees the old block (the trace lost its free); a block
+// is freed at its free_completed, a deferred free too, as on the GPU rows. Blocks left live at
+// the end are freed, so every pass starts from the same state.
 #pragma once
 
 #include <cstddef>

@@ -5,6 +5,7 @@ import gzip
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -348,6 +349,20 @@ def test_version_and_results_table_help(tmp_path):
     refused = subprocess.run(["python3", script, bad], capture_output=True, text=True)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert str(bad) in refused.stderr
+
+
+def test_replay_readme_documents_every_option():
+    """tools/replay/README.md's usage block names exactly the options `cuarena replay --help`
+    lists, and the text below it describes each."""
+    helped = run("replay", "--help", check=True).stdout
+    options = set(re.findall(r"^  (?:-h,)?(--[a-z-]+)", helped, re.M)) - {"--help"}
+    assert {"--allocator", "--capacity", "--report"} <= options, helped
+    readme = (REPO / "tools" / "replay" / "README.md").read_text()
+    _, usage, rest = readme.split("```", 2)
+    replay_usage = usage[: usage.index("cuarena convert")]
+    assert set(re.findall(r"--[a-z-]+", replay_usage)) == options
+    undescribed = [o for o in sorted(options) if not re.search(rf"`{o}[` ]", rest)]
+    assert not undescribed, undescribed
 
 
 def test_one_bad_trace_among_several_is_reported_and_the_others_replay(tmp_path):

@@ -4,11 +4,13 @@
 // cuarena's own pending-free path decides when the memory is reusable.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "cuarena/replay/replay.hpp"
+#include "cuarena/replay/replay_loop.hpp"
 #include "cuarena/replay/trace.hpp"
 
 using namespace cuarena;
@@ -20,6 +22,11 @@ constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
 
 Event ev(Action a, std::uint64_t stream, std::uint64_t addr, std::uint64_t size) {
   return Event{a, 0, stream, addr, size, 0};
+}
+
+std::size_t deferred_count(const std::vector<Event>& events) {
+  const std::vector<bool> d = deferred_frees(events);
+  return std::size_t(std::count(d.begin(), d.end(), true));
 }
 
 // Each allocation's pointer, by event index, from the row's replay.
@@ -46,9 +53,8 @@ TEST(CrossStreamFree, NoReuseBeforeTheFreeCompleted) {
       ev(Action::kFreeCompleted, 1, 0x1000, 64 * MiB),  // 4: t3, the other stream is done
       ev(Action::kAlloc, 1, 0x4000, 64 * MiB),          // 5: t4
   };
-  const CrossStreamFrees cross = cross_stream_frees(events);
-  EXPECT_EQ(cross.paired.size(), 1u);
-  EXPECT_EQ(cross.paired.count(1), 1u);
+  EXPECT_EQ(deferred_count(events), 1u);
+  EXPECT_TRUE(deferred_frees(events)[1]);
   // With a long event latency too: the free_completed says the other stream is done, so the
   // block is reusable from there, not event_latency ticks after its free_requested.
   for (std::uint64_t latency : {1, 50}) {
@@ -75,7 +81,7 @@ TEST(CrossStreamFree, AnOrdinaryFreeIsReusedAtOnce) {
       ev(Action::kFreeCompleted, 1, 0x1000, 64 * MiB),
       ev(Action::kAlloc, 1, 0x3000, 64 * MiB),
   };
-  EXPECT_TRUE(cross_stream_frees(events).paired.empty());
+  EXPECT_EQ(deferred_count(events), 0u);
   const auto p = pointers(events);
   EXPECT_EQ(p.at(3), p.at(0));
 }
@@ -90,7 +96,7 @@ TEST(CrossStreamFree, UnmatchedFreeRequestedKeepsTheBlockLive) {
       ev(Action::kAlloc, 1, 0x1000, 64 * MiB),  // the trace lost A's free_completed
       ev(Action::kFreeCompleted, 1, 0x1000, 64 * MiB),
   };
-  EXPECT_TRUE(cross_stream_frees(events).paired.empty());
+  EXPECT_EQ(deferred_count(events), 0u);
   Result r;
   const auto p = pointers(events, &r);
   EXPECT_NE(p.at(2), p.at(0));
@@ -130,7 +136,7 @@ class BundledTrace : public ::testing::TestWithParam<Deferred> {};
 TEST_P(BundledTrace, EveryFreeReplayed) {
   const Deferred& t = GetParam();
   const auto events = load_trace(std::string(CUARENA_TRACE_DIR) + "/" + t.file);
-  EXPECT_EQ(cross_stream_frees(events).paired.size(), t.deferred);
+  EXPECT_EQ(deferred_count(events), t.deferred);
   const Result r = replay_cuarena(events, SimOptions{});
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_EQ(r.frees, t.frees);

@@ -1,4 +1,4 @@
-// Issue 12, item 5: the replayer's one trace loop (replay_loop.hpp), which the recorded,
+// The replayer's one trace loop (replay_loop.hpp), which the recorded,
 // cuarena-on-the-simulator, torch-*-sim and GPU rows, peak_requested(), the series' requested
 // bytes and the benchmarks' compile_trace_ops() share. Its rules on hand-made traces.
 #include "cuarena/replay/replay_loop.hpp"
@@ -22,7 +22,6 @@ Event ev(Action a, std::uint64_t addr, std::uint64_t size = 0) {
 struct Log : TraceHooks<int> {
   std::vector<std::string> seen;
   int next = 1;
-  bool free_early = false;  // on_free_requested frees the block
   std::size_t stop_after = ~std::size_t{0};
   int on_alloc(std::size_t i, const Event&) {
     seen.push_back("alloc@" + std::to_string(i));
@@ -31,12 +30,14 @@ struct Log : TraceHooks<int> {
   void on_free(std::size_t i, const Event&, int& h) {
     seen.push_back("free" + std::to_string(h) + "@" + std::to_string(i));
   }
-  bool on_free_requested(std::size_t i, const Event&, int& h) {
+  void on_free_requested(std::size_t i, const Event&, int& h) {
     seen.push_back("requested" + std::to_string(h) + "@" + std::to_string(i));
-    return free_early;
   }
-  void on_free_completed_early(std::size_t i, const Event&) {
-    seen.push_back("early@" + std::to_string(i));
+  void on_deferred_free(std::size_t i, const Event&, int& h) {
+    seen.push_back("deferred" + std::to_string(h) + "@" + std::to_string(i));
+  }
+  void on_deferred_free_completed(std::size_t i, const Event&) {
+    seen.push_back("completed@" + std::to_string(i));
   }
   bool after(std::size_t i, const Event&) { return i != stop_after; }
   void on_end(std::unordered_map<std::uint64_t, int>& live) {
@@ -66,23 +67,64 @@ TEST(ReplayLoop, LostAndUnknownFrees) {
   EXPECT_EQ(run_trace<int>(events, quiet, events.size(), {.lost_free_skipped = false}).skipped, 2u);
 }
 
-TEST(ReplayLoop, FreesAtFreeRequested) {
+// Which free_requested events are deferred frees: the next alloc, free_requested or
+// free_completed of the address is a free_completed, not the event right after.
+TEST(ReplayLoop, DeferredFrees) {
+  const std::vector<Event> events = {
+      ev(Action::kAlloc, 0x100, 8),         // 0
+      ev(Action::kFreeRequested, 0x100),    // 1: completed at once: not deferred
+      ev(Action::kFreeCompleted, 0x100),    // 2
+      ev(Action::kAlloc, 0x200, 8),         // 3
+      ev(Action::kFreeRequested, 0x200),    // 4: completed at 6: deferred
+      ev(Action::kSegmentAlloc, 0x200, 8),  // 5: not a block event, but an event between
+      ev(Action::kFreeCompleted, 0x200),    // 6
+      ev(Action::kAlloc, 0x300, 8),         // 7
+      ev(Action::kFreeRequested, 0x300),    // 8: superseded by 10
+      ev(Action::kAlloc, 0x400, 8),         // 9
+      ev(Action::kFreeRequested, 0x300),    // 10: completed at 12: deferred
+      ev(Action::kAlloc, 0x500, 8),         // 11
+      ev(Action::kFreeCompleted, 0x300),    // 12
+      ev(Action::kFreeRequested, 0x400),    // 13: its address allocated again first
+      ev(Action::kAlloc, 0x600, 8),         // 14
+      ev(Action::kAlloc, 0x400, 8),         // 15
+      ev(Action::kFreeCompleted, 0x400),    // 16
+      ev(Action::kFreeRequested, 0x500),    // 17: never completed
+  };
+  const std::vector<bool> d = deferred_frees(events);
+  ASSERT_EQ(d.size(), events.size());
+  for (std::size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i], i == 4 || i == 10) << "event " << i;
+}
+
+TEST(ReplayLoop, FreesDeferredFreesAtFreeRequested) {
   const std::vector<Event> events = {
       ev(Action::kAlloc, 0x100, 8),       // 0
-      ev(Action::kFreeRequested, 0x100),  // 1
+      ev(Action::kFreeRequested, 0x100),  // 1: an ordinary free
       ev(Action::kFreeCompleted, 0x100),  // 2
-      ev(Action::kFreeRequested, 0x400),  // 3: never allocated: ignored
+      ev(Action::kAlloc, 0x200, 8),       // 3
+      ev(Action::kFreeRequested, 0x200),  // 4: deferred
+      ev(Action::kAlloc, 0x300, 8),       // 5
+      ev(Action::kFreeCompleted, 0x200),  // 6
+      ev(Action::kFreeRequested, 0x400),  // 7: never allocated: ignored
   };
-  Log stays;  // on_free_requested keeps the block: freed at free_completed
-  TraceCounts c = run_trace<int>(events, stays);
-  EXPECT_EQ(c.frees, 1u);
-  EXPECT_EQ(stays.seen, (std::vector<std::string>{"alloc@0", "requested1@1", "free1@2", "end:0"}));
-  Log early;
-  early.free_early = true;
-  c = run_trace<int>(events, early);
-  EXPECT_EQ(c.frees, 1u);
+  Log at_completed;  // the default: every block is freed at its free_completed
+  TraceCounts c = run_trace<int>(events, at_completed);
+  EXPECT_EQ(c.frees, 2u);
+  EXPECT_EQ(at_completed.seen,
+            (std::vector<std::string>{"alloc@0", "requested1@1", "free1@2", "alloc@3",
+                                      "requested2@4", "alloc@5", "free2@6", "end:1"}));
+  Log at_request;
+  c = run_trace<int>(events, at_request, events.size(), {.deferred_at_request = true});
+  EXPECT_EQ(c.frees, 2u);
   EXPECT_EQ(c.skipped, 0u);
-  EXPECT_EQ(early.seen, (std::vector<std::string>{"alloc@0", "requested1@1", "early@2", "end:0"}));
+  EXPECT_EQ(at_request.seen,
+            (std::vector<std::string>{"alloc@0", "requested1@1", "free1@2", "alloc@3",
+                                      "deferred2@4", "alloc@5", "completed@6", "end:1"}));
+  // Replayed only up to the free_requested, the free is still deferred: the classification
+  // looks at the whole trace.
+  Log cut;
+  c = run_trace<int>(events, cut, 5, {.deferred_at_request = true});
+  EXPECT_EQ(c.frees, 2u);
+  EXPECT_EQ(cut.seen.back(), "end:0");
 }
 
 // Every allocation becomes live, a failed one too (a row's empty handle): the job had the

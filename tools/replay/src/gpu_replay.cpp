@@ -35,8 +35,9 @@ struct LiveBlock {
 };
 
 // The GPU row's work at each event of the replayer's loop (replay_loop.hpp). A failed
-// allocation stays live as an empty block, as on the simulator (TraceHooks::keep): the job had
-// the block, so its free is a free and a later alloc of its address a lost free.
+// allocation stays live as an empty block, as on the simulator: the job had the block, so its
+// free is a free and a later alloc of its address a lost free. Every block is freed at its
+// free_completed, a deferred free too (the loop's default rules).
 struct GpuHooks : TraceHooks<LiveBlock> {
   GpuAllocator& allocator;
   const GpuReplayOptions& options;

@@ -22,38 +22,49 @@ int main(int argc, char** argv) {
       "replay",
       "Replay allocation traces (PyTorch snapshots .pickle[.gz], RMM CSV, .cuat) "
       "through the recorded allocator, cuarena and, on a GPU, the alternatives");
-  replay->add_option("TRACE", ra.traces, "Trace files")->required();
+  replay
+      ->add_option("TRACE", ra.traces,
+                   "Trace files, told apart by content (gzipped or not); one bad file is "
+                   "reported and the others replayed (exit 2)")
+      ->required();
   const std::vector<std::string> names = allocator_names();
   replay->add_option("--allocator", ra.allocators, allocator_help())
       ->delimiter(',')
       ->check(CLI::IsMember(std::set<std::string>(names.begin(), names.end())));
   replay
       ->add_option("--backend", ra.backends,
-                   "Device: sim (cuarena on a simulated device, default), cuda (every allocator "
-                   "on this machine's GPU), or both")
+                   "Where rows replay: sim (the simulated device: cuarena and the torch-*-sim "
+                   "models; the default), cuda (this machine's GPU: every GPU row), or sim,cuda")
       ->delimiter(',')
       ->check(CLI::IsMember({"sim", "cuda"}));
-  replay->add_option(
-      "--capacity", ra.capacity,
-      "Device capacity for the simulator (80GiB, 512MiB, bytes); default 143771 MiB");
+  replay->add_option("--capacity", ra.capacity,
+                     "Simulated device capacity for the sim rows (GPU rows ignore it): 80GiB, "
+                     "512MiB (powers of 1024), 80GB (powers of 1000) or bytes, one granule to "
+                     "16TiB; overrides sim_capacity (default: cuarena 143771 MiB, the "
+                     "torch-*-sim rows no limit); prints a verdict per row");
   replay->add_flag("--min-capacity", ra.min_capacity,
                    "Binary-search the smallest capacity (a multiple of 2 MiB) that replays "
-                   "without out-of-memory: sim: cuarena on the simulator; cuda: every GPU row, "
-                   "held to each probed limit (one full replay per probe, slow)");
+                   "without out-of-memory: sim: cuarena (its answer checked by replays above "
+                   "it) and the torch-*-sim rows; cuda: every GPU row, held to each probed "
+                   "limit (one full replay per probe, slow)");
   replay->add_flag("--check", ra.check,
                    "Exit 1 when a replayed allocator runs out of memory (the recorded row does "
                    "not count); prints the verdicts as --capacity does");
   replay->add_flag("--verify", ra.verify,
-                   "GPU: tag every block with a kernel and check the tag before it is freed");
+                   "GPU (needs --backend cuda): tag every block with a kernel and check the tag "
+                   "before it is freed");
   replay->add_option("--device", ra.device, "GPU: CUDA device ordinal (default 0)");
   replay->add_option("--config", ra.config,
-                     "Allocator options, key:value,... (default: $CUARENA_CONF; the keys: "
-                     "'cuarena config')");
+                     "cuarena's options and the simulator's sim_* keys, key:value,... (default: "
+                     "$CUARENA_CONF; the keys: 'cuarena config')");
   replay->add_option("--torch-conf", ra.torch_conf,
-                     "Settings of the torch-*-sim rows in PYTORCH_CUDA_ALLOC_CONF syntax: "
-                     "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, "
-                     "garbage_collection_threshold (needs --capacity), expandable_segments");
-  replay->add_option("--json", ra.json, "Also write the results as JSON to this file");
+                     "Settings of the torch-*-sim rows (name one in --allocator) in "
+                     "PYTORCH_CUDA_ALLOC_CONF syntax: max_split_size_mb, "
+                     "max_non_split_rounding_mb, roundup_power2_divisions, "
+                     "garbage_collection_threshold (acts only under --capacity or sim_capacity), "
+                     "expandable_segments (must agree with the rows' names)");
+  replay->add_option("--json", ra.json,
+                     "Also write the results as JSON to this file ({\"results\": [...]})");
   replay->add_flag("--series", ra.series,
                    "With --json: add each row's reserved and requested bytes over the replay "
                    "(at most 2000 points, each the largest of its window of events)");

@@ -314,32 +314,6 @@ Result::FirstOom describe_oom(const Allocator& alloc, const SimBackend& sim, std
   return f;
 }
 
-}  // namespace
-
-CrossStreamFrees cross_stream_frees(const std::vector<Event>& events) {
-  CrossStreamFrees out;
-  std::unordered_map<std::uint64_t, std::size_t> requested;  // address -> its free_requested
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    const Event& e = events[i];
-    out.streams.insert(e.stream);
-    if (e.action == Action::kAlloc) {
-      requested.erase(e.addr);  // reallocated before any free_completed: no pair
-    } else if (e.action == Action::kFreeRequested) {
-      requested[e.addr] = i;
-    } else if (e.action == Action::kFreeCompleted) {
-      if (auto it = requested.find(e.addr); it != requested.end()) {
-        // Right after its free_requested: an ordinary free (PyTorch records both at once for a
-        // block with no other-stream uses), replayed at the free_completed as before.
-        if (i > it->second + 1) out.paired.insert(it->second);
-        requested.erase(it);
-      }
-    }
-  }
-  return out;
-}
-
-namespace {
-
 SimBackend::Options sim_options(const SimOptions& o) {
   SimBackend::Options so;
   if (o.capacity)
@@ -355,24 +329,24 @@ SimBackend::Options sim_options(const SimOptions& o) {
 // Replays events[0, stop) (all when stop is npos); measures fragmentation at `stop`. Feeds
 // `series` (when given) the reserved bytes after each event.
 //
-// Frees: a block whose free_requested is followed, later than the next event, by its
-// free_completed (PyTorch defers the free_completed of a block used on other streams through
-// record_stream until their events complete) is freed at free_requested, marked in use on a
-// stream of its own (record_stream) that the SimBackend holds until the replay reaches the
-// free_completed: cuarena's pending-free path decides when the memory is reusable. Every other
-// block is freed at its free_completed, as before.
+// Frees: a deferred free (deferred_frees(): PyTorch records the free_completed of a block used on
+// other streams through record_stream once their events complete) is made at free_requested,
+// the block marked in use on a stream of its own (record_stream) that the SimBackend holds until
+// the replay reaches the free_completed: cuarena's pending-free path decides when the memory is
+// reusable. Every other block is freed at its free_completed.
 SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std::size_t stop,
                SeriesRecorder* series = nullptr, bool observe = false) {
   SimBackend sim(sim_options(options));
   Allocator alloc(sim, options.config);
-  const CrossStreamFrees cross = cross_stream_frees(events);
+  std::unordered_set<std::uint64_t> streams;  // the trace's, which a held stream must not be
+  for (const Event& e : events) streams.insert(e.stream);
   SimRun run;
   // The handle: cuarena's pointer (nullptr: the allocation failed).
   struct Hooks : TraceHooks<void*> {
     SimBackend& sim;
     Allocator& alloc;
     const SimOptions& options;
-    const CrossStreamFrees& cross;
+    const std::unordered_set<std::uint64_t>& streams;
     SimRun& run;
     SeriesRecorder* series;
     bool observe;
@@ -395,21 +369,18 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
     void on_free(std::size_t, const Event&, void*& p) {
       if (p) alloc.deallocate(p);
     }
-    bool on_free_requested(std::size_t i, const Event& e, void*& p) {
-      // No free_completed follows: freed there (or never).
-      if (!cross.paired.count(i)) return false;
+    void on_deferred_free(std::size_t, const Event& e, void*& p) {
       StreamId s = 0;
       if (p) {
         do s = next_held--;
-        while (cross.streams.count(s));
+        while (streams.count(s));
         sim.hold_stream(s);
         alloc.record_stream(p, s);
         alloc.deallocate(p);
       }
       held[e.addr] = s;
-      return true;
     }
-    void on_free_completed_early(std::size_t, const Event& e) {
+    void on_deferred_free_completed(std::size_t, const Event& e) {
       if (auto h = held.find(e.addr); h != held.end()) {
         if (h->second) sim.release_stream(h->second);
         held.erase(h);
@@ -423,10 +394,10 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
       if (series) series->add(sim.physical_bytes());
       return true;
     }
-  } hooks{{}, sim, alloc, options, cross, run, series, observe};
+  } hooks{{}, sim, alloc, options, streams, run, series, observe};
   const std::size_t end =
       stop == std::string::npos ? events.size() : std::min(stop + 1, events.size());
-  const TraceCounts counts = run_trace<void*>(events, hooks, end);
+  const TraceCounts counts = run_trace<void*>(events, hooks, end, {.deferred_at_request = true});
   run.allocs = counts.allocs;
   run.frees = counts.frees;
   run.skipped = counts.skipped;

@@ -869,9 +869,8 @@ TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& opti
     void on_free(std::size_t, const Event&, Handle& h) {
       if (h) sim.free_completed(*h);
     }
-    bool on_free_requested(std::size_t, const Event&, Handle& h) {
-      if (h) sim.free_requested(*h);
-      return false;  // in use until its free_completed
+    void on_free_requested(std::size_t, const Event&, Handle& h) {
+      if (h) sim.free_requested(*h);  // in use until its free_completed
     }
     bool after(std::size_t i, const Event&) {
       if (sim.peak_reserved_bytes() > run.peak) {

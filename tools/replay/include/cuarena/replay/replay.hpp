@@ -6,7 +6,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "cuarena/config.hpp"
@@ -119,19 +118,6 @@ std::uint64_t peak_requested(const std::vector<Event>& events);
 /// The recording allocator's reserved bytes rebuilt from segment_* events; with `series`, also
 /// Result::series.
 Result replay_recorded(const std::vector<Event>& events, bool series = false);
-
-/// The cross-stream frees of a device's events: the free_requested events (by index) followed,
-/// later than the next event and with no allocation of the address between, by a free_completed
-/// of the same address (PyTorch records the free_completed of a block with record_stream uses
-/// on other streams once their events complete; an ordinary free records both events at once),
-/// and every stream the events name. replay_cuarena frees those blocks at free_requested,
-/// guarded until the free_completed by a held SimBackend stream; every other block at its
-/// free_completed.
-struct CrossStreamFrees {
-  std::unordered_set<std::size_t> paired;
-  std::unordered_set<std::uint64_t> streams;
-};
-CrossStreamFrees cross_stream_frees(const std::vector<Event>& events);
 
 struct SimOptions {
   Config config;

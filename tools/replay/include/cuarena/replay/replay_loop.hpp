@@ -1,6 +1,6 @@
-// The replayer's one trace loop (issue 12, item 5): the address bookkeeping every row shares
-// (which trace addresses are live, a lost free, a free of an address never seen, frees made at
-// free_requested), with the row's own work in hooks.
+// The replayer's one trace loop: the address bookkeeping every row shares (which trace addresses
+// are live, a lost free, a free of an address never seen, which frees are deferred), with the
+// row's own work in hooks.
 #pragma once
 
 #include <algorithm>
@@ -28,7 +28,19 @@ struct TraceRules {
   /// A lost free (an alloc at an address still live: the trace lost its free; the old block is
   /// freed first) counts as a skipped event. The recorded row does not count it.
   bool lost_free_skipped = true;
+  /// A deferred free (deferred_frees()) is made at its free_requested, through on_deferred_free,
+  /// instead of at its free_completed.
+  bool deferred_at_request = false;
 };
+
+/// The trace's frees, classified once: deferred[i] is true when events[i] is a free_requested
+/// whose block is freed later than the event after it, i.e. the next alloc, free_requested or
+/// free_completed of its address is a free_completed further on. PyTorch records both events
+/// at once for an ordinary free, and the free_completed late for a block with record_stream
+/// uses on other streams (once their events complete). Anything else (an alloc or a new
+/// free_requested of the address first; no free_completed: the snapshot came first) is not a
+/// deferred free. O(events).
+std::vector<bool> deferred_frees(const std::vector<Event>& events);
 
 /// Hooks with nothing to do; a row's hooks derive from it and hide what they need.
 /// Handle: what the row keeps per live trace address.
@@ -41,11 +53,13 @@ struct TraceHooks {
   /// A live block freed: at its free_completed, or at a later alloc of its address (a lost
   /// free; `e` is then that alloc).
   void on_free(std::size_t /*i*/, const Event& /*e*/, Handle& /*h*/) {}
-  /// The free_requested of a live block; true: freed now (counted as its free; its
-  /// free_completed then goes to on_free_completed_early), false: it stays live.
-  bool on_free_requested(std::size_t /*i*/, const Event& /*e*/, Handle& /*h*/) { return false; }
-  /// The free_completed of a block on_free_requested freed.
-  void on_free_completed_early(std::size_t /*i*/, const Event& /*e*/) {}
+  /// The free_requested of a live block that stays live until its free_completed.
+  void on_free_requested(std::size_t /*i*/, const Event& /*e*/, Handle& /*h*/) {}
+  /// With TraceRules::deferred_at_request, the free_requested of a live block whose free is
+  /// deferred: freed now (counted as its free).
+  void on_deferred_free(std::size_t /*i*/, const Event& /*e*/, Handle& /*h*/) {}
+  /// The free_completed of a block on_deferred_free freed.
+  void on_deferred_free_completed(std::size_t /*i*/, const Event& /*e*/) {}
   /// After every event (the peak hook: peaks, series); false stops the replay there.
   bool after(std::size_t /*i*/, const Event& /*e*/) { return true; }
   /// The blocks still live when the replay ends (trace address -> Handle), once.
@@ -60,6 +74,8 @@ TraceCounts run_trace(const std::vector<Event>& events, Hooks& hooks,
                       TraceRules rules = {}) {
   std::unordered_map<std::uint64_t, Handle> live;  // trace address -> the row's block
   std::unordered_set<std::uint64_t> early;         // freed at free_requested, not yet completed
+  std::vector<bool> deferred;  // deferred_frees(events), computed at the first free_requested
+  bool classified = false;
   TraceCounts c;
   end = std::min(end, events.size());
   for (std::size_t i = 0; i < end; ++i) {
@@ -80,7 +96,16 @@ TraceCounts run_trace(const std::vector<Event>& events, Hooks& hooks,
       }
       case Action::kFreeRequested: {
         auto it = live.find(e.addr);
-        if (it == live.end() || !hooks.on_free_requested(i, e, it->second)) break;
+        if (it == live.end()) break;
+        if (rules.deferred_at_request && !classified) {
+          deferred = deferred_frees(events);  // the whole trace: a free may complete past `end`
+          classified = true;
+        }
+        if (!rules.deferred_at_request || !deferred[i]) {
+          hooks.on_free_requested(i, e, it->second);
+          break;
+        }
+        hooks.on_deferred_free(i, e, it->second);
         ++c.frees;
         early.insert(e.addr);
         live.erase(it);
@@ -88,7 +113,7 @@ TraceCounts run_trace(const std::vector<Event>& events, Hooks& hooks,
       }
       case Action::kFreeCompleted: {
         if (early.erase(e.addr)) {
-          hooks.on_free_completed_early(i, e);
+          hooks.on_deferred_free_completed(i, e);
           break;
         }
         auto it = live.find(e.addr);
