@@ -1,8 +1,6 @@
 #include "block_pool.hpp"
 
 #include <algorithm>
-#include <stdexcept>
-#include <string>
 
 #include "tuning.hpp"
 
@@ -11,10 +9,6 @@ namespace cuarena::detail {
 namespace {
 using Fifo = IntrusiveList<Block, &Block::fifo>;
 using Lru = IntrusiveList<Block, &Block::lru>;
-
-[[noreturn]] void broken(const std::string& what) {
-  throw std::logic_error("cuarena invariant violated: " + what);
-}
 }  // namespace
 
 BlockPool::~BlockPool() {
@@ -1131,84 +1125,6 @@ BlockPool::Breakdown BlockPool::breakdown() const {
   }
   out.idle = (phys_.idle_granules() + phys_.idle_whole_granules()) * ctx_.granule;
   return out;
-}
-
-void BlockPool::check_invariants() const {
-  std::size_t free_seen = 0, segment_bytes = 0;
-  std::vector<const Arena*> arenas;  // mapped ones, for the physical pool's check
-  for (std::size_t i = 0; i < arenas_.size(); ++i) {
-    const Arena& a = *arenas_[i];
-    if (a.segment() != segments_) broken("arena kind differs from the backend's");
-    if (a.segment())
-      segment_bytes += a.size();
-    else
-      arenas.push_back(&a);
-    DevicePtr expect = a.base();
-    const Block* prev = nullptr;
-    for (const Block* b = arena_first_[i]; b != nullptr; prev = b, b = b->next) {
-      const std::string at = "block at " + std::to_string(b->addr);
-      if (b->addr != expect) broken(at + ": blocks do not tile the arena");
-      if (b->prev != prev || b->arena != &a) broken(at + ": neighbour links are wrong");
-      if (b->size == 0 || b->size % kMinBlockSize != 0) broken(at + ": size not a 512 multiple");
-      expect += b->size;
-      std::size_t first = 0, last = 0;
-      a.covering(b->addr, b->size, first, last);
-      const bool fully_mapped = a.count_unmapped(first, last) == 0;
-      if (b->allocated) {
-        if (!fully_mapped) broken(at + ": allocated block not fully mapped");
-        if (b->fifo.linked || b->lru.linked) broken(at + ": allocated block is indexed");
-        continue;
-      }
-      if (b->retired) {
-        if (!fully_mapped || b->addr % ctx_.granule || b->size % ctx_.granule)
-          broken(at + ": retired block not granule-aligned and mapped");
-        if (!b->fifo.linked || b->shared) broken(at + ": retired block not in its FIFO");
-        continue;
-      }
-      ++free_seen;
-      if (prev && mergeable(prev, b)) broken(at + ": mergeable free neighbours not coalesced");
-      if (b->shared) {
-        if (!shared_free_.count(const_cast<Block*>(b)) || b->fifo.linked)
-          broken(at + ": shared block not in the shared index");
-        std::size_t ifirst = 0, ilast = 0;
-        a.interior(b->addr, b->size, ifirst, ilast);
-        ilast = std::min(ilast, a.high_water());
-        if (!a.segment() && !b->lru.linked) {
-          for (std::size_t g = ifirst; g < ilast; ++g) {
-            if (!a.is_mapped(g)) continue;
-            const Extent e = mapping_extent(a.phys(g), g);
-            const bool stealable = e.first >= ifirst && e.first + e.count <= ilast;
-            if (stealable)
-              broken(at + ": shared block caches stealable granules but is not in the LRU list");
-          }
-        }
-      } else {
-        auto it = streams_.find(b->stream);
-        if (it == streams_.end() || !it->second.free.count(const_cast<Block*>(b)) ||
-            !b->fifo.linked || (b->lru.linked && !merged_))
-          broken(at + ": owned block not in its stream's index");
-        if (!merged_ && !fully_mapped) broken(at + ": owned free block not fully mapped");
-      }
-    }
-    if (expect != a.base() + a.size()) broken("blocks do not cover the whole arena");
-  }
-  std::size_t indexed = shared_free_.size();
-  for (const auto& [stream, sp] : streams_) {
-    indexed += sp.free.size();
-    for (const auto* list : {&sp.fifo, &sp.retired}) {
-      std::uint64_t last_seq = 0;
-      for (const Block* b = list->front(); b != nullptr; b = Fifo::next(b)) {
-        if (b->free_seq < last_seq) broken("stream FIFO not in free order");
-        if (b->stream != stream) broken("block in another stream's FIFO");
-        if (b->retired != (list == &sp.retired)) broken("block in the wrong stream list");
-        last_seq = b->free_seq;
-      }
-    }
-  }
-  if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");
-  if (segment_bytes != segment_bytes_) broken("segment bytes disagree with the arenas");
-  if (segments_ && !warm_.empty()) broken("a segment block is in the LRU list");
-  phys_.check_invariants(arenas, ctx_.reserved() - segment_bytes_);
 }
 
 }  // namespace cuarena::detail

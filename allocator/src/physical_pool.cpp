@@ -1,7 +1,6 @@
 #include "physical_pool.hpp"
 
 #include <algorithm>
-#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -156,93 +155,6 @@ std::size_t PhysicalPool::release_idle_chunks() {
   for (std::uint32_t i = 0; i < idle_.size(); ++i)
     chunks_.at(idle_[i].chunk).idle_pos[idle_[i].offset] = i;
   return released;
-}
-
-void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
-                                    std::size_t expected_bytes) const {
-  std::map<std::pair<std::uint32_t, std::uint32_t>, std::size_t> seen;
-  std::size_t dormant_seen = 0;
-  for (const Arena* a : arenas) {
-    for (std::size_t g = 0; g < a->high_water(); ++g) {
-      const PhysRef p = a->phys(g);
-      if (a->is_mapped(g)) {
-        ++seen[{p.chunk, p.offset}];
-        const auto& list = chunks_.at(p.chunk).active.at(p.offset);
-        if (std::find(list.begin(), list.end(), Mapping{a, g}) == list.end())
-          throw std::logic_error("cuarena invariant violated: an active mapping is not recorded");
-      }
-      if (!a->is_dormant(g)) continue;
-      ++dormant_seen;
-      const auto& list = chunks_.at(p.chunk).dormant.at(p.offset);
-      if (std::find(list.begin(), list.end(), Mapping{a, g}) == list.end())
-        throw std::logic_error("cuarena invariant violated: a dormant mapping is not recorded");
-    }
-  }
-  std::size_t dormant_listed = 0;
-  for (const auto& [id, c] : chunks_) {
-    for (const auto& list : c.dormant) {
-      dormant_listed += list.size();
-      if (list.size() > ctx_.config.dormant_maps)
-        throw std::logic_error(
-            "cuarena invariant violated: more dormant mappings than dormant_maps");
-    }
-  }
-  if (dormant_listed != dormant_seen)
-    throw std::logic_error("cuarena invariant violated: dormant mappings recorded twice or stale");
-  // Each mapping of a whole chunk must be all of it, in order.
-  for (const Arena* a : arenas) {
-    for (std::size_t g = 0; g < a->high_water(); ++g) {
-      if (!a->has_mapping(g)) continue;
-      const PhysRef p = a->phys(g);
-      const Chunk& c = chunks_.at(p.chunk);
-      if (!c.whole || p.offset != 0) continue;
-      for (std::uint32_t o = 0; o < c.granules; ++o) {
-        if (a->phys(g + o) != PhysRef{p.chunk, o} || a->is_dormant(g + o) != a->is_dormant(g))
-          throw std::logic_error("cuarena invariant violated: a whole chunk mapped in part");
-      }
-    }
-  }
-  std::size_t total = 0, idle = 0;
-  for (const auto& [id, c] : chunks_) {
-    total += c.granules;
-    std::size_t chunk_idle = 0;
-    for (std::uint32_t o = 0; o < c.granules; ++o) {
-      auto it = seen.find({id, o});
-      const std::size_t n = it == seen.end() ? 0 : it->second;
-      if (n != c.active[o].size())
-        throw std::logic_error("cuarena invariant violated: physical granule map count wrong");
-      chunk_idle += n == 0;
-      if (!c.whole && (c.idle_pos[o] != kNotIdle) != (n == 0))
-        throw std::logic_error(
-            "cuarena invariant violated: idle position disagrees with map count");
-      if (c.idle_pos[o] != kNotIdle &&
-          (c.idle_pos[o] >= idle_.size() || idle_[c.idle_pos[o]] != PhysRef{id, o}))
-        throw std::logic_error("cuarena invariant violated: idle position is stale");
-    }
-    if (chunk_idle != c.idle)
-      throw std::logic_error("cuarena invariant violated: chunk idle count wrong");
-    if (!c.whole)
-      idle += chunk_idle;
-    else if (chunk_idle != 0 && chunk_idle != c.granules)
-      throw std::logic_error("cuarena invariant violated: a whole chunk partly mapped");
-  }
-  if (idle != idle_.size())
-    throw std::logic_error("cuarena invariant violated: idle list disagrees with map counts");
-  for (const auto& [id, c] : chunks_) {
-    if (c.whole && (c.idle == c.granules) != (idle_whole_.count({c.granules, id}) == 1))
-      throw std::logic_error(
-          "cuarena invariant violated: idle whole chunks disagree with map counts");
-  }
-  std::size_t idle_whole = 0;
-  for (const auto& [granules, id] : idle_whole_) {
-    if (!chunks_.count(id))
-      throw std::logic_error("cuarena invariant violated: a released chunk is idle");
-    idle_whole += granules;
-  }
-  if (idle_whole != idle_whole_granules_)
-    throw std::logic_error("cuarena invariant violated: idle whole granules miscounted");
-  if (total * ctx_.granule != expected_bytes)
-    throw std::logic_error("cuarena invariant violated: chunks disagree with reserved_bytes");
 }
 
 }  // namespace cuarena::detail
