@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "cuarena/config.hpp"
 #include "cuarena/replay/replay.hpp"
@@ -67,7 +68,15 @@ TEST_P(PolicyTargets, NoOutOfMemoryAboveTheMinimumCapacity) {
   }
 }
 
-const Trace kTraces[] = {
+// llm_generate (a million allocations) is asserted in the default build only: under ASan one
+// replay takes ~100 s and the capacity probes twenty minutes, past what CI allows.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+const Trace kAllTraces[] = {
     {"bert_varlen_infer.pickle.gz", 1.9870, 1.2105, 1.3358, 1.220, 1.05},
     {"gpt2_train.pickle.gz", 1.0838, 1.0698, 1.1776, 1.051, 1.02},
     {"moe_train.pickle.gz", 1.0788, 1.0681, 1.0775, 1.037, 1.02},
@@ -78,9 +87,17 @@ const Trace kTraces[] = {
     {"more/cnn_varres_infer.pickle.gz", 2.2216, 1.2737, 1.1858, 1.105, 1.05},
 };
 
+std::vector<Trace> traces() {
+  std::vector<Trace> out;
+  for (const Trace& t : kAllTraces) {
+    if (!(kSanitized && std::string(t.file) == "more/llm_generate.pickle.gz")) out.push_back(t);
+  }
+  return out;
+}
+
 void PrintTo(const Trace& t, std::ostream* os) { *os << t.file; }
 
-INSTANTIATE_TEST_SUITE_P(Bundled, PolicyTargets, ::testing::ValuesIn(kTraces),
+INSTANTIATE_TEST_SUITE_P(Bundled, PolicyTargets, ::testing::ValuesIn(traces()),
                          [](const auto& info) {
                            std::string name = info.param.file;
                            if (name.rfind("more/", 0) == 0) name = name.substr(5);
