@@ -46,7 +46,7 @@ if [ -x build/bin/gpu_tests ]; then
   if [ -n "$reason" ]; then echo "GPU tests skipped: $reason"; fi
 fi
 
-# One closing line over both runs. ctest counts skipped tests (the GPU tests, without a GPU)
+# One closing line over the three runs. ctest counts skipped tests (the GPU tests, without a GPU)
 # among the passed; they are listed as "(Skipped)" and reported apart here.
 awk '/tests passed, [0-9]+ tests failed out of/ {failed += $4; total += $NF}
      /\(Skipped\)$/ {skipped++}

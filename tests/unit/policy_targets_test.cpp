@@ -37,7 +37,9 @@ TEST_P(PolicyTargets, DefaultBelowNativeAndAsync) {
   const Result r = replay(t, "");
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_LT(r.reserved_ratio, t.native);
-  if (t.async > 0) EXPECT_LT(r.reserved_ratio, t.async);
+  if (t.async > 0) {
+    EXPECT_LT(r.reserved_ratio, t.async);
+  }
   EXPECT_LE(r.reserved_ratio, t.default_max);
 }
 
@@ -47,7 +49,9 @@ TEST_P(PolicyTargets, MemoryFirstBelowEveryPyTorchModeAndOnTarget) {
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_LT(r.reserved_ratio, t.native);
   EXPECT_LT(r.reserved_ratio, t.expandable);
-  if (t.async > 0) EXPECT_LT(r.reserved_ratio, t.async);
+  if (t.async > 0) {
+    EXPECT_LT(r.reserved_ratio, t.async);
+  }
   EXPECT_LE(r.reserved_ratio, t.memory_first_max);
 }
 
