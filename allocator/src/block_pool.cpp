@@ -254,21 +254,11 @@ Block* BlockPool::own_then_shared(StreamPool& sp, std::size_t size) {
       b = *it;
   }
   if (b != nullptr) return b;
-  // Among the few smallest shared fits, the one missing fewest granules (smallest first on
-  // ties): best fit by size alone would often pick a block whose granules were stolen over a
-  // slightly larger one still backed, and stealing for it moves memory every iteration.
-  std::size_t best_missing = SIZE_MAX;
-  int seen = 0;
-  for (auto it = shared_free_.lower_bound(size);
-       it != shared_free_.end() && seen < tuning::kBackedFitCandidates; ++it, ++seen) {
-    const std::size_t missing = missing_granules(*it, size, best_missing);
-    if (missing < best_missing) {
-      b = *it;
-      best_missing = missing;
-      if (missing == 0) break;
-    }
-  }
-  return b;
+  // No own block fits, so best_fit() sees only the shared ones: among the few smallest, the one
+  // missing fewest granules (best fit by size alone would often pick a block whose granules were
+  // stolen over a slightly larger one still backed, and stealing for it moves memory every
+  // iteration).
+  return best_fit(sp, size);
 }
 
 Block* BlockPool::best_fit(StreamPool& sp, std::size_t size) {

@@ -204,7 +204,8 @@ class BlockPool {
   /// (a shared block, or an owned one where finished()), or nullptr. O(log n).
   const Block* free_holder(const Arena& a, std::size_t g) const;
   /// The free block to serve `size` from among those `sp`'s stream may use (its own and the
-  /// shared ones; see the .cpp), or nullptr. O(log n + candidates x granules). Memory first.
+  /// shared ones; see the .cpp), or nullptr. O(log n + candidates x granules). Memory first
+  /// places with it; the default when none of its own blocks fits.
   Block* best_fit(StreamPool& sp, std::size_t size);
   /// The same for the default: the stream's own best fit, unless a tighter shared block needs
   /// no new memory; on a miss, the shared fit missing fewest granules among the few smallest.
