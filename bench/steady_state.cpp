@@ -82,6 +82,7 @@ struct PassFigures {
   std::int64_t reserved_peak, reserved_end, allocated_end;
   std::int64_t same_addr;  // allocations placed where the same block was one pass before
   std::int64_t allocations;
+  std::int64_t planned;  // allocations served at their loop-planned offset (config loop_plan)
 };
 
 std::vector<PassFigures> run(const LoopOps& ops, const std::string& config, int passes) {
@@ -114,7 +115,8 @@ std::vector<PassFigures> run(const LoopOps& ops, const std::string& config, int 
                    (after.granules_stolen + after.granules_aliased) -
                        (before.granules_stolen + before.granules_aliased),
                    after.reserved_bytes[all].peak, after.reserved_bytes[all].current,
-                   after.allocated_bytes[all].current, p == 0 ? 0 : same, allocations});
+                   after.allocated_bytes[all].current, p == 0 ? 0 : same, allocations,
+                   after.planned_allocations - before.planned_allocations});
   }
   return out;
 }
@@ -146,15 +148,17 @@ int main(int argc, char** argv) {
       std::printf("%s (device %u, %zu ops in pass 1, %zu per later pass, %.1f MiB never freed)\n",
                   replay::trace_name(path).c_str(), unsigned(device), ops.first.size(),
                   ops.loop.size(), double(ops.long_lived_bytes) / (1 << 20));
-      std::printf("%5s %8s %8s %8s %8s %8s %9s %14s %14s %9s\n", "pass", "maps", "unmaps", "access",
-                  "creates", "releases", "moved", "reserved peak", "reserved end", "same addr");
+      std::printf("%5s %8s %8s %8s %8s %8s %9s %14s %14s %9s %9s\n", "pass", "maps", "unmaps",
+                  "access", "creates", "releases", "moved", "reserved peak", "reserved end",
+                  "same addr", "planned");
       nlohmann::json rows = nlohmann::json::array();
       for (std::size_t i = 0; i < figures.size(); ++i) {
         const PassFigures& f = figures[i];
-        std::printf("%5zu %8lld %8lld %8lld %8lld %8lld %9lld %14lld %14lld %9lld\n", i + 1,
+        std::printf("%5zu %8lld %8lld %8lld %8lld %8lld %9lld %14lld %14lld %9lld %9lld\n", i + 1,
                     (long long)f.maps, (long long)f.unmaps, (long long)f.access,
                     (long long)f.creates, (long long)f.releases, (long long)f.moved,
-                    (long long)f.reserved_peak, (long long)f.reserved_end, (long long)f.same_addr);
+                    (long long)f.reserved_peak, (long long)f.reserved_end, (long long)f.same_addr,
+                    (long long)f.planned);
         rows.push_back({{"pass", i + 1},
                         {"map_calls", f.maps},
                         {"unmap_calls", f.unmaps},
@@ -166,7 +170,8 @@ int main(int argc, char** argv) {
                         {"reserved_end_bytes", f.reserved_end},
                         {"allocated_end_bytes", f.allocated_end},
                         {"allocations", f.allocations},
-                        {"same_address_allocations", f.same_addr}});
+                        {"same_address_allocations", f.same_addr},
+                        {"planned_allocations", f.planned}});
       }
       doc.push_back({{"trace", replay::trace_name(path)},
                      {"config", config},

@@ -25,14 +25,19 @@
 #include "block_pool.hpp"
 #include "cuarena/size_classes.hpp"
 #include "live_table.hpp"
+#include "loop_planner.hpp"
+#include "planned_arena.hpp"
 #include "slab_arena.hpp"
 #include "stream_cache.hpp"
+#include "tuning.hpp"
 
 namespace cuarena {
 
 using detail::Block;
 using detail::CachedBlock;
 using detail::LiveBlock;
+using detail::PlannedArena;
+namespace tuning = detail::tuning;
 using detail::Slab;
 using detail::StreamCache;
 
@@ -64,6 +69,9 @@ class Allocator::Impl {
                                       config_.defrag_threshold)},
         pool_(ctx_),
         slabs_(ctx_, pool_, classes_) {
+    if (config_.loop_plan)
+      planner_ = std::make_unique<detail::LoopPlanner>(detail::tuning::kLoopPlanMaxPeriod,
+                                                       detail::tuning::kLoopPlanCrossStreamMargin);
     if (config_.slab_size < classes_.max_size()) {
       throw ConfigError("cuarena config: slab_size (" + std::to_string(config_.slab_size) +
                         ") must be at least the largest small class (" +
@@ -106,7 +114,10 @@ class Allocator::Impl {
       std::lock_guard lock(mu_);
       CUARENA_EXPENSIVE(check_structures());
       if (!pending_.empty()) process_pending(false);
-      if (small) {
+      if (rec.size != 0) ptr = planned(rec, stream);
+      if (ptr != 0) {
+        // served by the loop plan
+      } else if (small) {
         ptr = slabs_.allocate(cls, stream, rec.slab);
         if (ptr == 0) {
           reclaim();
@@ -122,7 +133,8 @@ class Allocator::Impl {
       }
       if (ptr == 0) throw out_of_memory(bytes, stream);
 
-      detail::count_allocations(stats_, small ? Pool::kSmall : Pool::kLarge, 1,
+      // A planned block counts in the large pool, whose memory (the plan's range) it uses.
+      detail::count_allocations(stats_, rec.slab ? Pool::kSmall : Pool::kLarge, 1,
                                 std::int64_t(rec.size), std::int64_t(rec.requested));
       sync_inactive();
     }
@@ -142,7 +154,7 @@ class Allocator::Impl {
     LiveBlock& rec = *taken;
     std::unique_lock lock(mu_, std::defer_lock);
     StreamCache* cache = nullptr;
-    if (rec.uses.empty() && config_.stream_cache_bytes != 0) {
+    if (rec.uses.empty() && config_.stream_cache_bytes != 0 && !rec.planned) {
       // Park the block in its stream's cache rather than queue for the device lock: when the
       // lock is taken, or while the stream is parking (it met a taken lock since its last drain).
       const CachedBlock b{ptr, rec.size, rec.slab, rec.block};
@@ -207,6 +219,11 @@ class Allocator::Impl {
     CUARENA_EXPENSIVE(check_structures());
     drain_caches();
     process_pending(true);
+    if (arena_ && arena_->empty()) {  // empty_cache() gives back a plan nothing is using
+      planner_->forget();
+      retire(std::move(arena_));
+      process_pending(true);
+    }
     pool_.synchronize();
     const std::size_t bytes = pool_.release_cached();
     sync_inactive();
@@ -325,6 +342,8 @@ class Allocator::Impl {
     Fragmentation f;
     std::size_t slab_total = 0, slab_largest = 0;
     pool_.free_mapped_extents(f.free_bytes, f.largest_free);
+    if (arena_) arena_->free_extents(f.free_bytes, f.largest_free);
+    for (const auto& a : draining_) a->free_extents(f.free_bytes, f.largest_free);
     slabs_.free_extents(slab_total, slab_largest);
     f.free_bytes += slab_total + std::size_t(stats_.stream_cached_bytes);
     f.largest_free = std::max(f.largest_free, slab_largest);
@@ -363,7 +382,10 @@ class Allocator::Impl {
       ++count;
       bytes += std::int64_t(rec.size);
       requested += std::int64_t(rec.requested);
-      check_memory(ptr, rec.size, rec.slab, rec.block);
+      if (rec.planned)
+        CUARENA_CHECK(arena_holding(ptr) != nullptr, hex(ptr) + " planned but in no planned arena");
+      else
+        check_memory(ptr, rec.size, rec.slab, rec.block);
     });
     caches_.for_each([&](StreamCache& c) {
       c.for_each_block([&](const CachedBlock& b) {
@@ -376,7 +398,9 @@ class Allocator::Impl {
                       stats_.allocated_bytes[all].current == bytes &&
                       stats_.requested_bytes[all].current == requested,
                   "statistics disagree with live blocks");
-    CUARENA_CHECK(stats_.active[all].current == count + std::int64_t(pending_.size()),
+    const auto backings = std::count_if(pending_.begin(), pending_.end(),
+                                        [](const PendingFree& p) { return p.backing; });
+    CUARENA_CHECK(stats_.active[all].current == count + std::int64_t(pending_.size() - backings),
                   "active count disagrees");
     CUARENA_CHECK(
         stats_.reserved_bytes[int(Pool::kSmall)].current == std::int64_t(slabs_.slab_bytes()),
@@ -390,12 +414,15 @@ class Allocator::Impl {
   void check_structures() const {
     pool_.check_invariants();
     slabs_.check_invariants();
+    if (arena_) arena_->check_invariants();
+    for (const auto& a : draining_) a->check_invariants();
   }
 
   struct PendingFree {
     DevicePtr ptr;
     LiveBlock live;
     std::vector<EventId> events;
+    bool backing = false;  ///< a retired planned arena's block, never counted as allocated
   };
 
   /// Returns every block parked in a stream cache to its slab or the pool (their statistics
@@ -445,11 +472,111 @@ class Allocator::Impl {
       stats_.active[q].decrease(1);
       stats_.active_bytes[q].decrease(std::int64_t(rec.size));
     }
+    if (planner_) planner_->on_free(rec.seq);
     if (rec.slab) {
       slabs_.deallocate(rec.slab, ptr);
+      return;
+    }
+    if (rec.planned) {
+      PlannedArena* a = arena_holding(ptr);
+      CUARENA_ASSERT(a != nullptr, hex(ptr) + " planned but in no planned arena");
+      a->free(ptr);
+      retire_empty_arenas();
     } else {
       pool_.deallocate(rec.block);
     }
+  }
+
+  // --- Loop plans (config loop_plan) -----------------------------------------------------------
+
+  /// Tells the planner about a large request and serves it from the planned arena when the plan
+  /// has a free place for it; 0 otherwise. Installs a plan the request completed. Caller holds
+  /// mu_.
+  DevicePtr planned(LiveBlock& rec, StreamId stream) {
+    if (!planner_) return 0;
+    const detail::Token token{rec.size, stream};
+    rec.seq =
+        planner_->on_allocate(token, std::size_t(stats_.allocated_bytes[int(Pool::kAll)].current));
+    const DevicePtr ptr = arena_ ? arena_->place(token, planner_->window()) : 0;
+    if (arena_ && arena_->quiet_visits() > checked_visits_) {  // the loop holds least now
+      checked_visits_ = arena_->quiet_visits();
+      if (arena_->trial() && !arena_->missed()) {
+        back(*arena_, stream);
+      } else if (!arena_->trial() && !trimmed_) {
+        // One whole period served by the plan: what the pool still caches is memory the loop
+        // no longer uses there. Given back once; requests the plan does not hold take anew.
+        trimmed_ = true;
+        pool_.release_cached();
+      }
+    }
+    // A plan that missed requests stays (the cursor finds its place again) until a longer
+    // period repeats: the loop around the one planned.
+    std::size_t phase = 0;
+    if (!arena_ || arena_->missed()) {
+      if (std::optional<detail::Plan> plan = planner_->take_plan(phase)) {
+        if (arena_) retire(std::move(arena_));
+        if (plan->live_peak != 0) {  // else nothing outlives its iteration: a longer loop may
+          arena_ = std::make_unique<PlannedArena>(ctx_.backend, std::move(*plan), phase);
+          checked_visits_ = 0;
+        }
+      }
+    }
+    rec.planned = ptr != 0;
+    stats_.planned_allocations += rec.planned;
+    return ptr;
+  }
+
+  /// Puts a plan that passed its trial in use: backs its range with one pool block taken from
+  /// the memory the pool caches (what the loop used), or leaves it on trial. Caller holds mu_.
+  void back(PlannedArena& a, StreamId stream) {
+    const std::size_t bytes = round_up(a.plan().bytes, kMinBlockSize);
+    // The loop holds least now: what the pool caches is given back first (waiting, once, for
+    // the streams to finish with it), so the range is backed with fresh memory instead of
+    // stacking on top of the cache.
+    pool_.synchronize();
+    pool_.release_cached();
+    Block* backing = pool_.try_allocate(bytes, stream);
+    if (backing == nullptr) return;
+    a.attach(backing);
+    ++stats_.loop_plans;
+    trimmed_ = false;
+  }
+
+  /// Stops placing in `a`; its backing goes back to the pool once its blocks are freed.
+  void retire(std::unique_ptr<PlannedArena> a) {
+    a->drain();
+    draining_.push_back(std::move(a));
+    retire_empty_arenas();
+  }
+
+  /// Returns the backing of every empty draining arena to the pool, once the work of every
+  /// stream that used it has finished (events, as for a record_stream free). Caller holds mu_.
+  void retire_empty_arenas() {
+    std::erase_if(draining_, [&](std::unique_ptr<PlannedArena>& a) {
+      if (!a->empty()) return false;
+      if (a->trial()) return true;
+      Block* b = a->backing();
+      PendingFree pf{b->addr, LiveBlock{0, b->size, b->stream, nullptr, b, {}}, {}};
+      pf.backing = true;
+      for (StreamId s : a->streams()) {
+        if (s == b->stream) continue;
+        pf.events.push_back(ctx_.backend.record_event(s));
+        ++stats_.events_recorded;
+      }
+      if (pf.events.empty())
+        pool_.deallocate(b);
+      else
+        pending_.push_back(std::move(pf));
+      return true;
+    });
+  }
+
+  PlannedArena* arena_holding(DevicePtr ptr) const {
+    if (arena_ && arena_->contains(ptr)) return arena_.get();
+    for (const auto& a : draining_) {
+      if (a->contains(ptr)) return a.get();
+    }
+    return nullptr;
   }
 
   void process_pending(bool wait) {
@@ -468,7 +595,10 @@ class Allocator::Impl {
         continue;
       }
       for (EventId e : pf.events) ctx_.backend.release_event(e);
-      finish_free(pf.ptr, pf.live);
+      if (pf.backing)
+        pool_.deallocate(pf.live.block);
+      else
+        finish_free(pf.ptr, pf.live);
       pending_[i] = std::move(pending_.back());
       pending_.pop_back();
     }
@@ -479,6 +609,10 @@ class Allocator::Impl {
   /// stream's free blocks may be reused or unmapped. (Empty slabs are never cached.)
   void reclaim() {
     ++stats_.num_alloc_retries;
+    if (arena_) {  // memory is short: the plan's range goes back once its blocks are freed
+      planner_->forget();
+      retire(std::move(arena_));
+    }
     // Frees of other threads park while this waits: a second round gives those back too.
     for (int round = 0; round < 2; ++round) {
       if (!drain_caches() && round == 1) break;
@@ -534,6 +668,11 @@ class Allocator::Impl {
   std::vector<CachedBlock> drained_;                // drain scratch, under mu_; empty between calls
   mutable std::vector<detail::CacheDelta> deltas_;  // fold scratch, under mu_; empty between calls
   std::vector<PendingFree> pending_;
+  std::unique_ptr<detail::LoopPlanner> planner_;  // config loop_plan
+  std::unique_ptr<PlannedArena> arena_;           // the plan in use
+  std::vector<std::unique_ptr<PlannedArena>> draining_;
+  bool trimmed_ = false;            // the pool's cache was given back after the plan's first period
+  std::size_t checked_visits_ = 0;  // arena_->periods() at the last period boundary seen
 };
 
 Allocator::Allocator(DeviceBackend& backend, Config config)

@@ -208,6 +208,10 @@ const ConfigTable<Config>& Config::table() {
       uint_key("dormant_maps", &C::dormant_maps, 0, 64,
                "old mappings a moved granule keeps (dormant), so its old address takes it back "
                "with no driver call; 0: unmap at once"),
+      bool_key("loop_plan", &C::loop_plan,
+               "learn a repeating loop's large requests and serve each at an offset planned for "
+               "the whole iteration, in a range that stays mapped (no driver calls once the "
+               "loop has repeated twice)"),
       choice_key(
           "upstream", &C::upstream,
           {{"vmm", Upstream::kVmm}, {"async", Upstream::kAsync}, {"malloc", Upstream::kMalloc}},

@@ -28,12 +28,14 @@ struct Slab;
 
 /// One live allocation.
 struct LiveBlock {
-  std::size_t requested = 0;   ///< bytes asked for
-  std::size_t size = 0;        ///< bytes reserved for it (class size or 512-byte multiple)
-  StreamId stream = 0;         ///< allocation stream
-  Slab* slab = nullptr;        ///< small: its slab
-  Block* block = nullptr;      ///< large: its pool block
-  std::vector<StreamId> uses;  ///< other streams, from record_stream()
+  std::size_t requested = 0;       ///< bytes asked for
+  std::size_t size = 0;            ///< bytes reserved for it (class size or 512-byte multiple)
+  StreamId stream = 0;             ///< allocation stream
+  Slab* slab = nullptr;            ///< small: its slab
+  Block* block = nullptr;          ///< large: its pool block
+  std::vector<StreamId> uses;      ///< other streams, from record_stream()
+  std::uint64_t seq = UINT64_MAX;  ///< large: its number in the loop planner (if it saw it)
+  bool planned = false;            ///< large: served by the planned arena (block is null)
 };
 
 class LiveTable {

@@ -53,6 +53,8 @@ std::map<std::string, std::int64_t> Stats::to_map() const {
   out["cuarena.pending_frees"] = pending_frees;
   out["cuarena.stream_cache_hits"] = stream_cache_hits;
   out["cuarena.stream_cached_bytes"] = stream_cached_bytes;
+  out["cuarena.loop_plans"] = loop_plans;
+  out["cuarena.planned_allocations"] = planned_allocations;
   return out;
 }
 

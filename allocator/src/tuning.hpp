@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "cuarena/types.hpp"
 
@@ -31,6 +32,21 @@ inline constexpr std::size_t kMediumSegmentGranules = 10;
 /// granules, stops a training loop from moving memory every iteration, and bounding the count
 /// keeps the search O(log n).
 inline constexpr int kBackedFitCandidates = 8;
+
+// --- Loop plans (config loop_plan) -------------------------------------------------------------
+
+/// Longest loop, in large requests, the planner learns: its history holds twice this many
+/// (~40 B each). A training step of the bundled traces has 2.5k-30k; LLM generation with a
+/// growing KV cache never repeats and would only fill the history.
+inline constexpr std::size_t kLoopPlanMaxPeriod = std::size_t{1} << 17;
+/// Large events (allocations and frees) between a free on one stream and a planned reuse of its
+/// bytes on another: the event recorded at the free has had that long to complete. A block
+/// whose event has not completed is served by the pool instead.
+inline constexpr std::uint64_t kLoopPlanCrossStreamMargin = 256;
+/// A plan is put in use only where its loop's live bytes are within 1/this of the plan's peak of
+/// the least in the period: at the loop's boundary. Inside a stack of layers the activations
+/// pile up and the excess is most of the peak.
+inline constexpr std::size_t kLoopPlanStartExcessShare = 8;
 
 // --- Whole chunks ------------------------------------------------------------------------------
 

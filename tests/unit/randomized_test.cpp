@@ -358,7 +358,13 @@ std::vector<LoopStep> loop_script(std::mt19937_64& rng, std::size_t blocks, unsi
 
 struct LoopResult {
   std::vector<std::int64_t> peak_reserved;  // per iteration
+  std::vector<std::int64_t> driver_calls;   // per iteration: map, unmap, access, create, release
+  std::int64_t planned = 0;                 // allocations served at their loop-planned offset
 };
+
+std::int64_t driver_calls(const Stats& s) {
+  return s.map_calls + s.unmap_calls + s.access_calls + s.num_device_alloc + s.num_device_free;
+}
 
 // Runs `iterations` of one script; checks everything after every operation. Returns each
 // iteration's highest reserved bytes.
@@ -387,6 +393,7 @@ LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size
   LoopResult out;
   for (int it = 0; it < iterations; ++it) {
     std::int64_t peak = 0;
+    const std::int64_t calls_before = driver_calls(a.stats());
     for (const LoopStep& step : script) {
       sim.advance(1);
       if (step.allocate) {
@@ -413,7 +420,9 @@ LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size
     }
     a.process_events();  // once per step, as the PyTorch drop-in does
     out.peak_reserved.push_back(peak);
+    out.driver_calls.push_back(driver_calls(a.stats()) - calls_before);
   }
+  out.planned = a.stats().planned_allocations;
   for (void* w : weights) a.deallocate(w);
   a.release_cached();
   EXPECT_EQ(sim.physical_bytes(), 0u) << "memory leaked after everything was freed";
@@ -425,6 +434,9 @@ const Scenario kLoopScenarios[] = {
     {"default_laggy", 16 * GiB, 16, "", 0},
     {"memory_first", 16 * GiB, 4, "whole_chunk_min:0", 0},
     {"segments", 16 * GiB, 4, "upstream:malloc", 0},
+    {"loop_plan", 16 * GiB, 1, "loop_plan:True", 0},
+    {"loop_plan_laggy", 16 * GiB, 16, "loop_plan:True", 0},
+    {"loop_plan_memory_first", 16 * GiB, 4, "loop_plan:True,whole_chunk_min:0", 0},
 };
 constexpr int kLoopIterations = 12;
 constexpr std::size_t kLoopBlocks = 150;
@@ -478,6 +490,39 @@ INSTANTIATE_TEST_SUITE_P(DISABLED_Mapping, RandomizedLoopConverges,
                                                               kLoopScenarios[2]),
                                             ::testing::Values(1u, 2u)),
                          loop_name);
+
+// With loop_plan, a loop that repeats exactly is planned once it has repeated twice, tried for a
+// period, put in use at its quietest point and trimmed a period later: from then on no
+// iteration calls the driver, and reserved memory stops moving. (The ReuseGuard in run_loop
+// checks every planned reuse across streams against the events.)
+class RandomizedLoopPlan : public RandomizedLoop {};
+
+TEST_P(RandomizedLoopPlan, NoDriverCallsOnceThePlanIsInUse) {
+  const auto& [sc, seed] = GetParam();
+  const LoopResult r = run_loop(sc, seed, kLoopIterations, kLoopBlocks);
+  ASSERT_EQ(r.driver_calls.size(), std::size_t(kLoopIterations));
+  EXPECT_GT(r.planned, std::int64_t(kLoopBlocks)) << "the loop was never planned";
+  constexpr int kWarmUp = 6;
+  for (int it = kWarmUp; it < kLoopIterations; ++it) {
+    EXPECT_EQ(r.driver_calls[it], 0) << "iteration " << it;
+    EXPECT_EQ(r.peak_reserved[it], r.peak_reserved[kWarmUp]) << "iteration " << it;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, RandomizedLoopPlan,
+                         ::testing::Combine(::testing::Values(kLoopScenarios[4], kLoopScenarios[5],
+                                                              kLoopScenarios[6]),
+                                            ::testing::Values(1u, 2u, 3u)),
+                         loop_name);
+
+// An iteration far longer than the plan's cross-stream margin (so the plan shares bytes across
+// streams) with events slower than that margin: the fences recorded at those frees must hold
+// each reuse back until its event completes (the ReuseGuard fails the test otherwise).
+TEST(RandomizedLoopPlanFences, SlowEventsHoldBackCrossStreamReuse) {
+  const Scenario slow{"loop_plan_slow_events", 64 * GiB, 4000, "loop_plan:True", 0};
+  const LoopResult r = run_loop(slow, 7, 6, 800);
+  EXPECT_GT(r.planned, 800) << "the loop was never planned";
+}
 
 TEST(RandomizedThreads, ConcurrentStreamsKeepTheAllocatorConsistent) {
   SimBackend sim(sim_options(16 * GiB, 2));

@@ -56,6 +56,11 @@ struct Config {
   /// then reaches a steady state with no map calls, as GMLake's cached stitched blocks do (Guo
   /// et al., ASPLOS 2024). Past this many, the oldest is unmapped. 0: unmap at once.
   unsigned dormant_maps = 4;
+  /// Learn a loop's large requests and place each at an offset planned for the whole iteration
+  /// in one range that stays mapped: once the loop has repeated twice, each iteration makes no
+  /// driver call and holds about its peak of live bytes (LoopPlanner). Requests the plan did
+  /// not foresee are served as usual.
+  bool loop_plan = false;
   /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
   double per_process_memory_fraction = 1.0;
   /// Reuse a stream's own freed granules for its next request at once, by mapping them at the

@@ -70,6 +70,8 @@ struct Stats {
   std::int64_t pending_frees = 0;        ///< current: frees waiting on events (record_stream)
   std::int64_t stream_cache_hits = 0;    ///< allocations served from a stream cache (no lock)
   std::int64_t stream_cached_bytes = 0;  ///< current: bytes of freed blocks parked in them
+  std::int64_t loop_plans = 0;           ///< loop plans put in use (config loop_plan)
+  std::int64_t planned_allocations = 0;  ///< allocations served at their planned offset
 
   /// Flattened under PyTorch's key names (`allocated_bytes.all.current`, `num_ooms`, ...) and
   /// cuarena's (`cuarena.granules_mapped`, ...).

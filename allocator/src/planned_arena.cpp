@@ -1,0 +1,115 @@
+#include "planned_arena.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "assert.hpp"
+
+namespace cuarena::detail {
+
+PlannedArena::PlannedArena(DeviceBackend& backend, Plan plan, std::size_t phase)
+    : backend_(backend), plan_(std::move(plan)), cursor_(phase) {
+  CUARENA_ASSERT(!plan_.entries.empty() && cursor_ < plan_.entries.size(),
+                 "a plan needs entries and a phase among them");
+}
+
+void PlannedArena::attach(Block* backing) {
+  CUARENA_ASSERT(
+      trial() && backing != nullptr && backing->allocated && backing->size >= plan_.bytes,
+      "a planned arena needs an allocated block as large as its plan");
+  backing_ = backing;
+}
+
+PlannedArena::~PlannedArena() {
+  for (const Fence& f : fences_) backend_.release_event(f.event);
+}
+
+DevicePtr PlannedArena::place(const Token& token, const TokenWindow& window) {
+  const std::size_t n = plan_.entries.size();
+  std::size_t k = cursor_;
+  if (!synced_ || !(plan_.entries[k].token == token)) {
+    synced_ = false;
+    const auto it = window.full() ? plan_.resume.find(window.hash()) : plan_.resume.end();
+    if (it == plan_.resume.end() || !(plan_.entries[it->second].token == token)) {
+      ++missed_;
+      return 0;
+    }
+    k = it->second;
+    synced_ = true;
+  }
+  cursor_ = k + 1 == n ? 0 : k + 1;
+  if (followed_ < n) ++followed_;
+  if (followed_ == n && cursor_ == plan_.quiet) ++quiet_visits_;
+  const Plan::Entry& e = plan_.entries[k];
+  if (trial() || draining_ || e.offset == Plan::kUnplanned) return 0;
+  if (!available(e.offset, token.size, token.stream)) return 0;
+  live_.emplace(e.offset, Live{e.offset + token.size, token.stream, e.fence});
+  if (std::find(streams_.begin(), streams_.end(), token.stream) == streams_.end())
+    streams_.push_back(token.stream);
+  return base() + e.offset;
+}
+
+bool PlannedArena::available(std::size_t offset, std::size_t size, StreamId stream) {
+  const std::size_t end = offset + size;
+  auto next = live_.lower_bound(offset);
+  if (next != live_.end() && next->first < end) return false;
+  if (next != live_.begin() && std::prev(next)->second.end > offset) return false;
+  for (std::size_t i = 0; i < fences_.size();) {
+    Fence& f = fences_[i];
+    const bool done = backend_.event_completed(f.event);
+    if (done) {
+      backend_.release_event(f.event);
+      f = fences_.back();
+      fences_.pop_back();
+      continue;
+    }
+    if (f.stream != stream && f.offset < end && offset < f.end) return false;
+    ++i;
+  }
+  return true;
+}
+
+void PlannedArena::free(DevicePtr ptr) {
+  const auto it = live_.find(std::size_t(ptr - base()));
+  CUARENA_ASSERT(contains(ptr) && it != live_.end(),
+                 "freeing a block the planned arena does not hold");
+  if (it->second.fence)
+    fences_.push_back(
+        {it->first, it->second.end, it->second.stream, backend_.record_event(it->second.stream)});
+  live_.erase(it);
+}
+
+void PlannedArena::free_extents(std::size_t& total, std::size_t& largest) const {
+  if (trial()) return;
+  std::size_t pos = 0;
+  auto gap = [&](std::size_t to) {
+    total += to - pos;
+    largest = std::max(largest, to - pos);
+  };
+  for (const auto& [offset, live] : live_) {
+    gap(offset);
+    pos = live.end;
+  }
+  gap(backing_->size);
+}
+
+void PlannedArena::check_invariants() const {
+  auto broken = [](const std::string& what) {
+    throw std::logic_error("cuarena invariant violated: planned arena: " + what);
+  };
+  if (trial()) {
+    if (!live_.empty()) broken("blocks live in a plan on trial");
+    return;
+  }
+  if (!backing_->allocated) broken("backing block not allocated");
+  if (cursor_ >= plan_.entries.size()) broken("cursor past the plan");
+  std::size_t pos = 0;
+  for (const auto& [offset, live] : live_) {
+    if (offset < pos) broken("live blocks overlap at offset " + std::to_string(offset));
+    if (live.end <= offset || live.end > backing_->size) broken("live block outside the arena");
+    pos = live.end;
+  }
+}
+
+}  // namespace cuarena::detail

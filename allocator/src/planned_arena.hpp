@@ -1,0 +1,101 @@
+// PlannedArena: serves a loop's large requests at the offsets a Plan gives them, inside one pool
+// block that stays allocated (so mapped) while the plan is in use.
+//
+// It follows the request sequence with a cursor over the plan's entries. A request that matches
+// the entry at the cursor goes to that entry's offset when those bytes are free: no live block
+// of the arena overlaps them, and no free of another stream over them is still unfinished (a
+// fence: an event recorded at that free). Anything else (a request the plan did not foresee, an
+// unplanned entry, bytes still busy) is served by the pool, and the cursor finds its place again
+// from the window of recent requests (Plan::resume).
+//
+// A plan is first on trial: it follows the requests for a whole period without memory, and is
+// backed only if it foresaw every one (a plan that misses would hold memory the pool then lacks).
+//
+// Invariants: live_ holds the arena's blocks handed out and not freed, pairwise disjoint, inside
+// [base, base + size); every fence's event is unreleased; cursor_ < entries.size().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "block_pool.hpp"
+#include "loop_planner.hpp"
+
+namespace cuarena::detail {
+
+class PlannedArena {
+ public:
+  /// A plan on trial (no memory yet: place() follows the requests and serves none); `phase`:
+  /// the entry the next request corresponds to.
+  PlannedArena(DeviceBackend& backend, Plan plan, std::size_t phase);
+  ~PlannedArena();
+  PlannedArena(const PlannedArena&) = delete;
+  PlannedArena& operator=(const PlannedArena&) = delete;
+
+  /// Follows one large request (`window` includes it). Returns where to serve it in the arena,
+  /// or 0 to serve it elsewhere.
+  DevicePtr place(const Token& token, const TokenWindow& window);
+  /// Frees a block place() returned (its stream's work is ordered before any later reuse on
+  /// that stream; other streams wait for the fence the plan asks for).
+  void free(DevicePtr ptr);
+
+  /// Puts the plan in use over `backing`, an allocated pool block of at least plan().bytes.
+  void attach(Block* backing);
+  /// On trial: no backing yet.
+  bool trial() const { return backing_ == nullptr; }
+
+  bool contains(DevicePtr p) const {
+    return backing_ != nullptr && p >= base() && p < base() + backing_->size;
+  }
+  DevicePtr base() const { return backing_->addr; }
+  Block* backing() const { return backing_; }
+  bool empty() const { return live_.empty(); }
+  /// No new placements from now on (the plan no longer fits the loop, or memory is short).
+  void drain() { draining_ = true; }
+  bool draining() const { return draining_; }
+  /// Some request since the plan was put in use was not one it foresaw: a plan for a longer
+  /// loop (one this plan's loop is inside) should replace it.
+  bool missed() const { return missed_ != 0; }
+  /// Times the cursor reached the plan's quiet entry (Plan::quiet) after following a whole
+  /// period: where the plan is put in use, and the pool's cache trimmed a period later.
+  std::size_t quiet_visits() const { return quiet_visits_; }
+  /// Streams that had blocks here: their work must finish before the backing is reused.
+  const std::vector<StreamId>& streams() const { return streams_; }
+  const Plan& plan() const { return plan_; }
+
+  /// Bytes inside the arena not under a live block, and the largest such run.
+  void free_extents(std::size_t& total, std::size_t& largest) const;
+  /// Throws std::logic_error naming the first broken invariant.
+  void check_invariants() const;
+
+ private:
+  struct Live {
+    std::size_t end;  ///< offset past the block
+    StreamId stream;
+    bool fence;
+  };
+  struct Fence {
+    std::size_t offset, end;
+    StreamId stream;
+    EventId event;
+  };
+  /// True when [offset, offset + size) may be handed out on `stream` now.
+  bool available(std::size_t offset, std::size_t size, StreamId stream);
+
+  DeviceBackend& backend_;
+  Plan plan_;
+  Block* backing_ = nullptr;
+  std::size_t cursor_;
+  bool synced_ = true;
+  bool draining_ = false;
+  std::size_t missed_ = 0;    ///< requests the plan did not foresee
+  std::size_t followed_ = 0;  ///< requests followed since the trial began, up to a period
+  std::size_t quiet_visits_ = 0;
+  std::map<std::size_t, Live> live_;  ///< by offset
+  std::vector<Fence> fences_;
+  std::vector<StreamId> streams_;
+};
+
+}  // namespace cuarena::detail

@@ -1,0 +1,128 @@
+// LoopPlanner and pack_cyclic: the plan a repeating loop gets. (The allocator serving plans is
+// tested in randomized_test.cpp's RandomizedLoopPlan tests.)
+#include "loop_planner.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <optional>
+#include <random>
+#include <vector>
+
+namespace cuarena::detail {
+namespace {
+
+bool cyclic_overlap(const PackItem& a, const PackItem& b, std::uint64_t period,
+                    std::uint64_t margin) {
+  const std::uint64_t m = a.stream == b.stream ? 0 : margin;
+  auto overlap = [](std::uint64_t s1, std::uint64_t e1, std::uint64_t s2, std::uint64_t e2) {
+    return s1 < e2 && s2 < e1;
+  };
+  const std::uint64_t ae = a.end + m, be = b.end + m;
+  return overlap(a.start, ae, b.start, be) || overlap(a.start, ae, b.start + period, be + period) ||
+         overlap(a.start + period, ae + period, b.start, be);
+}
+
+TEST(PackCyclic, BlocksLiveTogetherNeverShareBytes) {
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 200; ++round) {
+    const std::uint64_t period = 50 + rng() % 2000;
+    const std::uint64_t margin = rng() % 2 ? 0 : rng() % 64;
+    std::vector<PackItem> items(1 + rng() % 120);
+    for (PackItem& it : items) {
+      it.size = 512 * (1 + rng() % 64);
+      it.start = rng() % period;
+      it.end = it.start + 1 + rng() % period;  // up to a whole period: may wrap
+      it.stream = rng() % 3;
+    }
+    std::vector<std::size_t> offsets;
+    std::vector<bool> fence;
+    const std::size_t extent = pack_cyclic(items, period, margin, offsets, fence);
+    std::size_t top = 0;
+    std::vector<std::int64_t> live(period, 0);
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      top = std::max(top, offsets[i] + items[i].size);
+      for (std::uint64_t t = items[i].start; t < items[i].end; ++t)
+        live[t % period] += std::int64_t(items[i].size);
+      for (std::size_t j = i + 1; j < items.size(); ++j) {
+        const bool share =
+            offsets[i] < offsets[j] + items[j].size && offsets[j] < offsets[i] + items[i].size;
+        if (cyclic_overlap(items[i], items[j], period, margin)) {
+          ASSERT_FALSE(share) << "round " << round << ": blocks " << i << " and " << j
+                              << " are live together and share bytes";
+        }
+        if (share && items[i].stream != items[j].stream) {
+          EXPECT_TRUE(fence[i] && fence[j]) << "round " << round << ": blocks " << i << " and " << j
+                                            << " of two streams share bytes without fences";
+        }
+      }
+    }
+    EXPECT_EQ(extent, top);
+    EXPECT_GE(extent, std::size_t(*std::max_element(live.begin(), live.end())));
+  }
+}
+
+// A loop whose iteration repeats a layer: the planner plans the whole iteration once it has
+// repeated (the allocator asks for a plan only while it has none or its plan missed; here the
+// planner is asked after every request, so longer multiples follow), and that plan lists the
+// iteration's requests in order from the phase it gives.
+TEST(LoopPlanner, PlansTheLoopAroundRepeatedLayers) {
+  LoopPlanner planner(1 << 12, 16);
+  std::vector<Token> iteration;
+  iteration.push_back({64 << 20, 0});  // input batch
+  for (int layer = 0; layer < 12; ++layer) {
+    iteration.push_back({8 << 20, 0});   // activation kept for backward
+    iteration.push_back({32 << 20, 0});  // temporary
+  }
+  iteration.push_back({4 << 20, 1});  // loss, on a side stream
+  std::vector<std::size_t> periods;
+  std::vector<std::uint64_t> live;  // this iteration's kept blocks
+  std::optional<Plan> loop_plan;
+  std::size_t next_index = 0;  // the iteration index of the request after the plan was made
+  for (int it = 0; it < 6; ++it) {
+    for (std::size_t k = 0; k < iteration.size(); ++k) {
+      const std::uint64_t seq = planner.on_allocate(iteration[k], live.size() << 20);
+      const bool kept = iteration[k].size == (8u << 20) || k == 0;
+      if (kept)
+        live.push_back(seq);
+      else
+        planner.on_free(seq);  // temporaries die at once
+      std::size_t phase = 0;
+      if (std::optional<Plan> p = planner.take_plan(phase)) {
+        periods.push_back(p->entries.size());
+        if (p->entries.size() == iteration.size() && !loop_plan) {
+          EXPECT_EQ(phase, 0u);
+          loop_plan = std::move(p);
+          next_index = (k + 1) % iteration.size();
+        }
+      }
+    }
+    for (std::uint64_t seq : live) planner.on_free(seq);  // backward
+    live.clear();
+  }
+  ASSERT_FALSE(periods.empty()) << "no plan";
+  EXPECT_TRUE(std::is_sorted(periods.begin(), periods.end())) << "a shorter plan came later";
+  ASSERT_TRUE(loop_plan.has_value()) << "no plan for the whole iteration";
+  const Plan& last = *loop_plan;
+  for (std::size_t j = 0; j < iteration.size(); ++j)
+    EXPECT_EQ(last.entries[j].token, iteration[(next_index + j) % iteration.size()]) << j;
+  std::size_t planned = 0;
+  for (const Plan::Entry& e : last.entries) planned += e.offset != Plan::kUnplanned;
+  EXPECT_EQ(planned, iteration.size()) << "every block of the iteration dies within it";
+  EXPECT_GE(last.bytes, last.live_peak);
+  EXPECT_LE(last.bytes, last.live_peak + (32u << 20)) << "packing far above the live peak";
+}
+
+TEST(LoopPlanner, NoPlanWithoutRepetition) {
+  LoopPlanner planner(1 << 12, 16);
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 50000; ++i) {
+    const std::uint64_t seq = planner.on_allocate({512 * (1 + rng() % 4096), rng() % 4}, 0);
+    planner.on_free(seq);
+    std::size_t phase = 0;
+    ASSERT_FALSE(planner.take_plan(phase).has_value()) << "a plan for random requests, at " << i;
+  }
+}
+
+}  // namespace
+}  // namespace cuarena::detail
