@@ -171,7 +171,16 @@ def main(argv=None) -> int:
     losses: list[float] = []
     times: list[float] = []
     used: list[int] = []
+    # Physical allocations and releases per step (cudaMalloc/cudaFree for PyTorch's allocator,
+    # cuMemCreate/cuMemRelease for cuarena's): 0 once an allocator has converged.
+    device_calls: list[int] = []
+
+    def calls_so_far() -> int:
+        s = torch.cuda.memory_stats()
+        return int(s.get("num_device_alloc", 0) + s.get("num_device_free", 0))
+
     for _ in range(args.steps):
+        calls_before = calls_so_far()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = task.step()
@@ -181,6 +190,7 @@ def main(argv=None) -> int:
         losses.append(loss_value)
         free, _ = torch.cuda.mem_get_info()
         used.append(total_mem - free)
+        device_calls.append(calls_so_far() - calls_before)
 
     stats = torch.cuda.memory_stats()
     result = {
@@ -189,6 +199,7 @@ def main(argv=None) -> int:
         "seed": args.seed,
         "losses": losses,
         "step_times_s": times,
+        "device_calls_per_step": device_calls,
         "max_memory_reserved": torch.cuda.max_memory_reserved(),
         "max_memory_allocated": torch.cuda.max_memory_allocated(),
         "memory_reserved_end": torch.cuda.memory_reserved(),
