@@ -95,8 +95,8 @@ def main():
 
     print(f"| trace | config | ratio (lag {lags[0]}) | range over lags {args.lags} | "
           f"calls per pass 2..{args.passes} | converged at pass | peak reserved pass 4 -> "
-          f"{args.passes} (MiB) | same address, last pass |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"{args.passes} (MiB) | highest pass peak / pass 1 peak | same address, last pass |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for config, per_trace in result.items():
         for name, e in per_trace.items():
             s = e.get("steady")
@@ -104,8 +104,9 @@ def main():
             conv = (str(s["converged_at"]) if s["converged_at"] else "-") if s else ""
             peaks = f"{s['peaks'][3] / 2**20:.0f} -> {s['peaks'][-1] / 2**20:.0f}" if s else ""
             same = f"{s['same_address'][-1]}/{s['allocations'][-1]}" if s else ""
+            transition = f"{max(s['peaks']) / s['peaks'][0]:.3f}" if s else ""
             print(f"| {name} | {config or 'default'} | {e['ratio']:.4f} | {e['lag_range']:.4f} | "
-                  f"{calls} | {conv} | {peaks} | {same} |")
+                  f"{calls} | {conv} | {peaks} | {transition} | {same} |")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
 
