@@ -219,7 +219,7 @@ class Allocator::Impl {
     CUARENA_EXPENSIVE(check_structures());
     drain_caches();
     process_pending(true);
-    if (arena_ && arena_->empty()) {  // empty_cache() gives back a plan nothing is using
+    if (arena_) {  // empty_cache(): the plan's range goes back, but for its live blocks
       planner_->forget();
       retire(std::move(arena_));
       process_pending(true);
@@ -480,8 +480,11 @@ class Allocator::Impl {
     if (rec.planned) {
       PlannedArena* a = arena_holding(ptr);
       CUARENA_ASSERT(a != nullptr, hex(ptr) + " planned but in no planned arena");
-      a->free(ptr);
-      retire_empty_arenas();
+      if (Block* piece = a->free(ptr)) {  // a retired arena's last block in that piece
+        give_back(piece, *a);
+        if (!a->holds_memory())
+          std::erase_if(draining_, [&](const auto& d) { return d.get() == a; });
+      }
     } else {
       pool_.deallocate(rec.block);
     }
@@ -504,8 +507,12 @@ class Allocator::Impl {
         back(*arena_, stream);
       } else if (!arena_->trial() && !trimmed_) {
         // One whole period served by the plan: what the pool still caches is memory the loop
-        // no longer uses there. Given back once; requests the plan does not hold take anew.
+        // no longer uses there (an older plan's range included, once its blocks are freed).
+        // Given back once, waiting for the streams as back() does; requests the plan does not
+        // hold take memory anew.
         trimmed_ = true;
+        process_pending(true);
+        pool_.synchronize();
         pool_.release_cached();
       }
     }
@@ -542,33 +549,29 @@ class Allocator::Impl {
     trimmed_ = false;
   }
 
-  /// Stops placing in `a`; its backing goes back to the pool once its blocks are freed.
+  /// Stops placing in `a` and gives the pool every part of its range no live block uses; the
+  /// rest comes back as its blocks are freed (give_back). Caller holds mu_.
   void retire(std::unique_ptr<PlannedArena> a) {
-    a->drain();
-    draining_.push_back(std::move(a));
-    retire_empty_arenas();
+    for (Block* piece : a->carve(pool_, tuning::kLoopPlanCarveMinGap)) give_back(piece, *a);
+    if (a->holds_memory()) draining_.push_back(std::move(a));
   }
 
-  /// Returns the backing of every empty draining arena to the pool, once the work of every
-  /// stream that used it has finished (events, as for a record_stream free). Caller holds mu_.
-  void retire_empty_arenas() {
-    std::erase_if(draining_, [&](std::unique_ptr<PlannedArena>& a) {
-      if (!a->empty()) return false;
-      if (a->trial()) return true;
-      Block* b = a->backing();
-      PendingFree pf{b->addr, LiveBlock{0, b->size, b->stream, nullptr, b, {}}, {}};
-      pf.backing = true;
-      for (StreamId s : a->streams()) {
-        if (s == b->stream) continue;
-        pf.events.push_back(ctx_.backend.record_event(s));
-        ++stats_.events_recorded;
-      }
-      if (pf.events.empty())
-        pool_.deallocate(b);
-      else
-        pending_.push_back(std::move(pf));
-      return true;
-    });
+  /// Frees a piece of a planned arena's backing into the pool once the work of every stream
+  /// that had blocks in the arena has finished (events, as for a record_stream free). Caller
+  /// holds mu_.
+  void give_back(Block* b, const PlannedArena& a) {
+    PendingFree pf{b->addr, LiveBlock{0, b->size, b->stream, nullptr, b, {}}, {}};
+    pf.backing = true;
+    for (StreamId s : a.streams()) {
+      if (s == b->stream) continue;
+      pf.events.push_back(ctx_.backend.record_event(s));
+      ++stats_.events_recorded;
+    }
+    if (pf.events.empty())
+      pool_.deallocate(b);
+    else
+      pending_.push_back(std::move(pf));
+    trimmed_ = false;  // this range becomes cache: the next quiet point gives it back
   }
 
   PlannedArena* arena_holding(DevicePtr ptr) const {

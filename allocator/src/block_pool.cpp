@@ -212,6 +212,14 @@ Block* BlockPool::split_off(Block* b, DevicePtr at) {
   return r;
 }
 
+Block* BlockPool::split_allocated(Block* b, DevicePtr at) {
+  CUARENA_ASSERT(b->allocated && at > b->addr && at < b->end() && at % kMinBlockSize == 0,
+                 "split_allocated: the cut must lie strictly inside an allocated block");
+  Block* r = split_off(b, at);
+  r->allocated = true;
+  return r;
+}
+
 Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if (size > ctx_.limit) return nullptr;  // can never fit: do not even reserve address space
   StreamPool& sp = stream_pool(stream);

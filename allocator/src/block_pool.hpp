@@ -100,6 +100,11 @@ class BlockPool {
   /// neighbours.
   void deallocate(Block* block);
 
+  /// Splits allocated block b at `at` (a 512-byte multiple strictly inside it): b keeps
+  /// [addr, at), the returned allocated block holds [at, end). Nothing is mapped or unmapped;
+  /// each part may then be freed on its own. O(1).
+  Block* split_allocated(Block* b, DevicePtr at);
+
   /// Records a sweep event on every stream with unswept blocks and none pending. Non-blocking.
   void record_sweeps();
   /// Turns the blocks covered by completed sweep events into shared blocks. Non-blocking.

@@ -218,7 +218,6 @@ Plan LoopPlanner::build(std::uint64_t first, std::size_t period) const {
       plan.quiet = k;
     }
   }
-  plan.start_excess = at(first + period).live - least;
   for (std::size_t k = 0; k < period; ++k) {
     const Request& r = at(first + k);
     plan.entries[k].token = r.token;

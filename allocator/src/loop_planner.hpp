@@ -62,9 +62,6 @@ struct Plan {
   std::vector<Entry> entries;  ///< one per request of the period, in request order
   std::size_t bytes = 0;       ///< extent of the range: max(offset + size)
   std::size_t live_peak = 0;   ///< most bytes of planned blocks live at once (the lower bound)
-  /// Large bytes allocated at the period's start above the least at any request in it: near 0
-  /// at a loop's boundary, large inside a loop of layers whose activations pile up.
-  std::size_t start_excess = 0;
   /// The entry whose request comes when the loop holds least: where the plan is put in use.
   std::size_t quiet = 0;
   /// Window hash -> the entry that follows that window, for windows met once in the period:
@@ -94,8 +91,8 @@ class LoopPlanner {
   explicit LoopPlanner(std::size_t max_period, std::uint64_t cross_stream_margin)
       : max_period_(max_period), margin_(cross_stream_margin) {}
 
-  /// Records a large request made while `live_bytes` of large blocks were allocated; returns its
-  /// sequence number, for on_free().
+  /// Records a request made while `live_bytes` were allocated; returns its sequence number, for
+  /// on_free().
   std::uint64_t on_allocate(const Token& token, std::size_t live_bytes);
   /// Records the free of request `seq` (the block is reusable from now on).
   void on_free(std::uint64_t seq);

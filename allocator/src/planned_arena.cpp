@@ -19,6 +19,44 @@ void PlannedArena::attach(Block* backing) {
       trial() && backing != nullptr && backing->allocated && backing->size >= plan_.bytes,
       "a planned arena needs an allocated block as large as its plan");
   backing_ = backing;
+  base_ = backing->addr;
+  bytes_ = backing->size;
+  held_.emplace(base_, backing);
+}
+
+std::vector<Block*> PlannedArena::carve(BlockPool& pool, std::size_t min_gap) {
+  draining_ = true;
+  std::vector<Block*> out;
+  if (trial() || held_.size() != 1) return out;  // on trial, or carved already
+  Block* piece = held_.begin()->second;          // [pos, end): not yet cut
+  held_.clear();
+  DevicePtr pos = base_;
+  auto cut = [&](DevicePtr lo, DevicePtr hi) {  // gives [lo, hi) of `piece` to the pool
+    if (lo > piece->addr) {
+      Block* rest = pool.split_allocated(piece, lo);
+      held_.emplace(piece->addr, piece);
+      piece = rest;
+    }
+    if (hi < piece->end()) {
+      Block* rest = pool.split_allocated(piece, hi);
+      out.push_back(piece);
+      piece = rest;
+    } else {
+      out.push_back(piece);
+      piece = nullptr;
+    }
+  };
+  for (const auto& [offset, live] : live_) {
+    const DevicePtr lo = base_ + offset;
+    if (lo - pos >= min_gap) cut(pos, lo);
+    pos = std::max(pos, base_ + live.end);
+  }
+  if (piece != nullptr) {
+    if (base_ + bytes_ - pos >= min_gap) cut(pos, base_ + bytes_);
+    if (piece != nullptr) held_.emplace(piece->addr, piece);
+  }
+  backing_ = nullptr;
+  return out;
 }
 
 PlannedArena::~PlannedArena() {
@@ -47,7 +85,7 @@ DevicePtr PlannedArena::place(const Token& token, const TokenWindow& window) {
   live_.emplace(e.offset, Live{e.offset + token.size, token.stream, e.fence});
   if (std::find(streams_.begin(), streams_.end(), token.stream) == streams_.end())
     streams_.push_back(token.stream);
-  return base() + e.offset;
+  return base_ + e.offset;
 }
 
 bool PlannedArena::available(std::size_t offset, std::size_t size, StreamId stream) {
@@ -70,44 +108,64 @@ bool PlannedArena::available(std::size_t offset, std::size_t size, StreamId stre
   return true;
 }
 
-void PlannedArena::free(DevicePtr ptr) {
-  const auto it = live_.find(std::size_t(ptr - base()));
+Block* PlannedArena::free(DevicePtr ptr) {
+  const auto it = live_.find(std::size_t(ptr - base_));
   CUARENA_ASSERT(contains(ptr) && it != live_.end(),
                  "freeing a block the planned arena does not hold");
   if (it->second.fence)
     fences_.push_back(
         {it->first, it->second.end, it->second.stream, backend_.record_event(it->second.stream)});
   live_.erase(it);
+  if (backing_ != nullptr) return nullptr;  // not carved: the whole backing stays
+  // The held piece that held ptr: empty now unless another live block lies in it.
+  const auto piece = std::prev(held_.upper_bound(ptr));
+  Block* b = piece->second;
+  const auto next = live_.lower_bound(std::size_t(b->addr - base_));
+  if (next != live_.end() && base_ + next->first < b->end()) return nullptr;
+  held_.erase(piece);
+  return b;
 }
 
 void PlannedArena::free_extents(std::size_t& total, std::size_t& largest) const {
-  if (trial()) return;
-  std::size_t pos = 0;
-  auto gap = [&](std::size_t to) {
-    total += to - pos;
-    largest = std::max(largest, to - pos);
-  };
-  for (const auto& [offset, live] : live_) {
-    gap(offset);
-    pos = live.end;
+  for (const auto& [addr, piece] : held_) {
+    std::size_t pos = addr - base_;
+    auto gap = [&](std::size_t to) {
+      total += to - pos;
+      largest = std::max(largest, to - pos);
+    };
+    const std::size_t end = piece->end() - base_;
+    for (auto it = live_.lower_bound(pos); it != live_.end() && it->first < end; ++it) {
+      gap(it->first);
+      pos = it->second.end;
+    }
+    gap(end);
   }
-  gap(backing_->size);
 }
 
 void PlannedArena::check_invariants() const {
   auto broken = [](const std::string& what) {
     throw std::logic_error("cuarena invariant violated: planned arena: " + what);
   };
-  if (trial()) {
-    if (!live_.empty()) broken("blocks live in a plan on trial");
+  if (cursor_ >= plan_.entries.size()) broken("cursor past the plan");
+  if (held_.empty()) {
+    if (!live_.empty()) broken("blocks live in an arena holding no memory");
     return;
   }
-  if (!backing_->allocated) broken("backing block not allocated");
-  if (cursor_ >= plan_.entries.size()) broken("cursor past the plan");
+  for (const auto& [addr, piece] : held_) {
+    if (!piece->allocated || piece->addr != addr) broken("held piece not an allocated block");
+    if (backing_ == nullptr) {
+      auto it = live_.lower_bound(std::size_t(addr - base_));
+      if (it == live_.end() || base_ + it->first >= piece->end())
+        broken("carved piece holding no live block");
+    }
+  }
   std::size_t pos = 0;
   for (const auto& [offset, live] : live_) {
     if (offset < pos) broken("live blocks overlap at offset " + std::to_string(offset));
-    if (live.end <= offset || live.end > backing_->size) broken("live block outside the arena");
+    if (live.end <= offset || live.end > bytes_) broken("live block outside the arena");
+    auto piece = held_.upper_bound(base_ + offset);
+    if (piece == held_.begin() || std::prev(piece)->second->end() < base_ + live.end)
+      broken("live block outside the held pieces");
     pos = live.end;
   }
 }

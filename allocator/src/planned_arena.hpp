@@ -12,7 +12,8 @@
 // backed only if it foresaw every one (a plan that misses would hold memory the pool then lacks).
 //
 // Invariants: live_ holds the arena's blocks handed out and not freed, pairwise disjoint, inside
-// [base, base + size); every fence's event is unreleased; cursor_ < entries.size().
+// [base, base + bytes); each lies in one held piece, and (once carved) each held piece holds at
+// least one; every fence's event is unreleased; cursor_ < entries.size().
 #pragma once
 
 #include <cstddef>
@@ -38,23 +39,24 @@ class PlannedArena {
   /// or 0 to serve it elsewhere.
   DevicePtr place(const Token& token, const TokenWindow& window);
   /// Frees a block place() returned (its stream's work is ordered before any later reuse on
-  /// that stream; other streams wait for the fence the plan asks for).
-  void free(DevicePtr ptr);
+  /// that stream; other streams wait for the fence the plan asks for). Once carved, returns the
+  /// held piece of the backing this free emptied (to give back to the pool), else nullptr.
+  Block* free(DevicePtr ptr);
 
   /// Puts the plan in use over `backing`, an allocated pool block of at least plan().bytes.
   void attach(Block* backing);
   /// On trial: no backing yet.
   bool trial() const { return backing_ == nullptr; }
 
-  bool contains(DevicePtr p) const {
-    return backing_ != nullptr && p >= base() && p < base() + backing_->size;
-  }
-  DevicePtr base() const { return backing_->addr; }
-  Block* backing() const { return backing_; }
+  bool contains(DevicePtr p) const { return !held_.empty() && p >= base_ && p < base_ + bytes_; }
   bool empty() const { return live_.empty(); }
-  /// No new placements from now on (the plan no longer fits the loop, or memory is short).
-  void drain() { draining_ = true; }
-  bool draining() const { return draining_; }
+  /// Stops placing (the plan no longer fits the loop, or memory is short) and cuts the backing
+  /// around the blocks still live: returns the pieces no block uses, in address order, for the
+  /// pool (runs under `min_gap` bytes stay in the pieces held). The held pieces come back one
+  /// by one from free(). A block that lives on (the loop changed) so pins only itself.
+  std::vector<Block*> carve(BlockPool& pool, std::size_t min_gap);
+  /// Pieces of the backing still held (all of it until carve()).
+  bool holds_memory() const { return !held_.empty(); }
   /// Some request since the plan was put in use was not one it foresaw: a plan for a longer
   /// loop (one this plan's loop is inside) should replace it.
   bool missed() const { return missed_ != 0; }
@@ -65,7 +67,7 @@ class PlannedArena {
   const std::vector<StreamId>& streams() const { return streams_; }
   const Plan& plan() const { return plan_; }
 
-  /// Bytes inside the arena not under a live block, and the largest such run.
+  /// Bytes inside the held pieces not under a live block, and the largest such run.
   void free_extents(std::size_t& total, std::size_t& largest) const;
   /// Throws std::logic_error naming the first broken invariant.
   void check_invariants() const;
@@ -86,7 +88,10 @@ class PlannedArena {
 
   DeviceBackend& backend_;
   Plan plan_;
-  Block* backing_ = nullptr;
+  Block* backing_ = nullptr;  ///< until carve(): the whole range; then see held_
+  DevicePtr base_ = 0;
+  std::size_t bytes_ = 0;
+  std::map<DevicePtr, Block*> held_;  ///< pieces of the backing held, by address
   std::size_t cursor_;
   bool synced_ = true;
   bool draining_ = false;

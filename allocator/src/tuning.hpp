@@ -43,10 +43,9 @@ inline constexpr std::size_t kLoopPlanMaxPeriod = std::size_t{1} << 17;
 /// bytes on another: the event recorded at the free has had that long to complete. A block
 /// whose event has not completed is served by the pool instead.
 inline constexpr std::uint64_t kLoopPlanCrossStreamMargin = 256;
-/// A plan is put in use only where its loop's live bytes are within 1/this of the plan's peak of
-/// the least in the period: at the loop's boundary. Inside a stack of layers the activations
-/// pile up and the excess is most of the peak.
-inline constexpr std::size_t kLoopPlanStartExcessShare = 8;
+/// A retired plan's range is cut around the blocks still live in it; free runs shorter than
+/// this stay with them (a run under a 2 MiB granule could free no physical memory).
+inline constexpr std::size_t kLoopPlanCarveMinGap = 2 * MiB;
 
 // --- Whole chunks ------------------------------------------------------------------------------
 
