@@ -209,9 +209,10 @@ const ConfigTable<Config>& Config::table() {
                "old mappings a moved granule keeps (dormant), so its old address takes it back "
                "with no driver call; 0: unmap at once"),
       bool_key("loop_plan", &C::loop_plan,
-               "learn a repeating loop's large requests and serve each at an offset planned for "
-               "the whole iteration, in a range that stays mapped (no driver calls once the "
-               "loop has repeated twice)"),
+               "learn a loop that repeats exactly and serve each of its requests at an offset "
+               "planned for the whole iteration, in one range that stays mapped: no driver calls "
+               "from about the sixth iteration; costs a one-time peak when the plan starts "
+               "(experimental; see Results)"),
       choice_key(
           "upstream", &C::upstream,
           {{"vmm", Upstream::kVmm}, {"async", Upstream::kAsync}, {"malloc", Upstream::kMalloc}},

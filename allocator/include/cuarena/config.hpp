@@ -56,9 +56,11 @@ struct Config {
   /// then reaches a steady state with no map calls, as GMLake's cached stitched blocks do (Guo
   /// et al., ASPLOS 2024). Past this many, the oldest is unmapped. 0: unmap at once.
   unsigned dormant_maps = 4;
-  /// Learn a loop's large requests and place each at an offset planned for the whole iteration
-  /// in one range that stays mapped: once the loop has repeated twice, each iteration makes no
-  /// driver call and holds about its peak of live bytes (LoopPlanner). Requests the plan did
+  /// Learn a loop that repeats exactly (its requests' sizes and streams, in order) and serve
+  /// each request at an offset planned for the whole iteration inside one range that stays
+  /// mapped (LoopPlanner, PlannedArena): from about the sixth iteration no driver calls, and
+  /// the range is close to the loop's peak of live bytes. Putting a plan in use costs a
+  /// one-time peak (the old blocks still live beside the new range). Requests the plan does
   /// not foresee are served as usual.
   bool loop_plan = false;
   /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
