@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <numeric>
+#include <utility>
 
 #include "assert.hpp"
 
@@ -211,13 +212,6 @@ Plan LoopPlanner::build(std::uint64_t first, std::size_t period) const {
   const std::uint64_t ticks = at(first + period).t_alloc - t0;  // one iteration, in events
   std::vector<PackItem> items;
   std::vector<std::uint32_t> entry_of;
-  std::size_t least = SIZE_MAX;
-  for (std::size_t k = 0; k < period; ++k) {
-    if (at(first + period + k).live < least) {
-      least = at(first + period + k).live;
-      plan.quiet = k;
-    }
-  }
   for (std::size_t k = 0; k < period; ++k) {
     const Request& r = at(first + k);
     plan.entries[k].token = r.token;
@@ -248,9 +242,26 @@ Plan LoopPlanner::build(std::uint64_t first, std::size_t period) const {
       delta[it.end - ticks] -= size;
     }
   }
+  std::vector<std::int64_t> live_at(ticks);  // planned bytes live during each tick
   std::int64_t live = 0, peak = 0;
-  for (std::uint64_t t = 0; t < ticks; ++t) peak = std::max(peak, live += delta[t]);
+  for (std::uint64_t t = 0; t < ticks; ++t) peak = std::max(peak, live_at[t] = live += delta[t]);
   plan.live_peak = std::size_t(peak);
+  // The plan goes in use just before the request at which its own blocks hold least (the
+  // previous iteration's instances of those, still live in the pool, then sit beside the new
+  // range), and of those points where the job holds least.
+  std::vector<std::int64_t> planned_size(period, 0);
+  for (std::size_t i = 0; i < items.size(); ++i)
+    planned_size[entry_of[i]] = std::int64_t(items[i].size);
+  std::pair<std::int64_t, std::size_t> least{INT64_MAX, SIZE_MAX};
+  for (std::size_t k = 0; k < period; ++k) {
+    const std::uint64_t t = at(first + k).t_alloc - t0;
+    const std::pair<std::int64_t, std::size_t> here{live_at[t] - planned_size[k],
+                                                    at(first + period + k).live};
+    if (here < least) {
+      least = here;
+      plan.quiet = k;
+    }
+  }
   // Windows met once in the period locate a request in it.
   TokenWindow w;
   std::unordered_map<std::uint64_t, std::int64_t> where;

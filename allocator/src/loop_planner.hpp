@@ -62,7 +62,8 @@ struct Plan {
   std::vector<Entry> entries;  ///< one per request of the period, in request order
   std::size_t bytes = 0;       ///< extent of the range: max(offset + size)
   std::size_t live_peak = 0;   ///< most bytes of planned blocks live at once (the lower bound)
-  /// The entry whose request comes when the loop holds least: where the plan is put in use.
+  /// The entry whose request comes when the plan's own blocks hold least (then the job
+  /// itself): where the plan is put in use.
   std::size_t quiet = 0;
   /// Window hash -> the entry that follows that window, for windows met once in the period:
   /// lets the arena find its place again after a request the plan did not foresee.
