@@ -197,8 +197,8 @@ std::optional<Plan> LoopPlanner::take_plan(std::size_t& phase) {
   ready_.reset();
   ready_period_ = 0;
   // Plan from the earlier of the two matching periods: its blocks have mostly been freed.
+  if (last + 1 < 2 * period || last + 1 - 2 * period < first_seq_) return std::nullopt;
   const std::uint64_t first = last + 1 - 2 * period;
-  if (first < first_seq_) return std::nullopt;
   planned_period_ = period;
   std::erase_if(candidates_, [&](const Candidate& c) { return c.period <= period; });
   phase = 0;  // the next request repeats the earlier period's first one
@@ -265,8 +265,9 @@ Plan LoopPlanner::build(std::uint64_t first, std::size_t period) const {
   // Windows met once in the period locate a request in it.
   TokenWindow w;
   std::unordered_map<std::uint64_t, std::int64_t> where;
-  for (std::int64_t k = -TokenWindow::kWindow + 1; k < std::int64_t(period); ++k) {
-    w.push(plan.entries[std::size_t((k + std::int64_t(period)) % std::int64_t(period))].token);
+  const auto n = std::int64_t(period);
+  for (std::int64_t k = -TokenWindow::kWindow + 1; k < n; ++k) {
+    w.push(plan.entries[std::size_t((k % n + n) % n)].token);  // periods under the window too
     if (k < 0) continue;
     auto [it, fresh] = where.try_emplace(w.hash(), k);
     if (!fresh) it->second = -1;  // ambiguous
