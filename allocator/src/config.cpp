@@ -212,7 +212,7 @@ const ConfigTable<Config>& Config::table() {
                "learn a loop that repeats exactly and serve each of its requests at an offset "
                "planned for the whole iteration, in one range that stays mapped: no driver calls "
                "from about the sixth iteration; costs a one-time peak when the plan starts "
-               "(experimental; see Results)"),
+               "(experimental; figures in docs/results.md)"),
       choice_key(
           "upstream", &C::upstream,
           {{"vmm", Upstream::kVmm}, {"async", Upstream::kAsync}, {"malloc", Upstream::kMalloc}},
