@@ -222,10 +222,8 @@ class Allocator::Impl {
     if (arena_) {  // empty_cache(): the plan's range goes back, but for its live blocks
       planner_->forget();
       retire(std::move(arena_));
-      process_pending(true);
     }
-    pool_.synchronize();
-    const std::size_t bytes = pool_.release_cached();
+    const std::size_t bytes = wait_and_release();
     sync_inactive();
     return bytes;
   }
@@ -492,7 +490,7 @@ class Allocator::Impl {
 
   // --- Loop plans (config loop_plan) -----------------------------------------------------------
 
-  /// Tells the planner about a large request and serves it from the planned arena when the plan
+  /// Tells the planner about a request and serves it from the planned arena when the plan
   /// has a free place for it; 0 otherwise. Installs a plan the request completed. Caller holds
   /// mu_.
   DevicePtr planned(LiveBlock& rec, StreamId stream) {
@@ -511,9 +509,7 @@ class Allocator::Impl {
         // Given back once, waiting for the streams as back() does; requests the plan does not
         // hold take memory anew.
         trimmed_ = true;
-        process_pending(true);
-        pool_.synchronize();
-        pool_.release_cached();
+        wait_and_release();
       }
     }
     // A plan that missed requests stays (the cursor finds its place again) until a longer
@@ -531,6 +527,14 @@ class Allocator::Impl {
     rec.planned = ptr != 0;
     stats_.planned_allocations += rec.planned;
     return ptr;
+  }
+
+  /// Waits for every pending free and every stream's freed blocks, then releases what the pool
+  /// caches (empty_cache()). Returns the bytes released. Caller holds mu_.
+  std::size_t wait_and_release() {
+    process_pending(true);
+    pool_.synchronize();
+    return pool_.release_cached();
   }
 
   /// Puts a plan that passed its trial in use: backs its range with one pool block taken from

@@ -34,8 +34,8 @@ struct LiveBlock {
   Slab* slab = nullptr;            ///< small: its slab
   Block* block = nullptr;          ///< large: its pool block
   std::vector<StreamId> uses;      ///< other streams, from record_stream()
-  std::uint64_t seq = UINT64_MAX;  ///< large: its number in the loop planner (if it saw it)
-  bool planned = false;            ///< large: served by the planned arena (block is null)
+  std::uint64_t seq = UINT64_MAX;  ///< its number in the loop planner (if it saw it)
+  bool planned = false;            ///< served by the planned arena (slab and block null)
 };
 
 class LiveTable {

@@ -1,7 +1,7 @@
-// LoopPlanner: learns the large requests of a repeating loop and plans where each one goes.
+// LoopPlanner: learns the requests of a repeating loop and plans where each one goes.
 //
 // A training or serving loop asks for the same sizes on the same streams in the same order every
-// iteration. The planner watches the sequence of large requests (rounded size, stream), finds its
+// iteration. The planner watches the sequence of requests (rounded size, stream), finds its
 // period P (the last P requests repeat the P before them), and from the lifetimes of the blocks of
 // the earlier period computes one fixed offset per request inside a single range: a cyclic
 // interval packing, greedy by size (TFLite's "greedy by size" offset planner: Pisarchyk and Lee,
@@ -10,7 +10,7 @@
 // offsets from a range that stays mapped (PlannedArena), every iteration finds its memory mapped
 // where it needs it: no driver calls, and the range is close to the loop's peak of live bytes.
 //
-// Time is counted in large events (an allocation or a free each tick). The planner never sees a
+// Time is counted in events (an allocation or a free each tick). The planner never sees a
 // device and never allocates device memory; it is pure policy.
 #pragma once
 
@@ -41,7 +41,6 @@ class TokenWindow {
   /// Valid once kWindow tokens were pushed.
   bool full() const { return count_ >= kWindow; }
   std::uint64_t hash() const { return hash_; }
-  void reset() { *this = TokenWindow{}; }
   static std::uint64_t token_hash(const Token& t);
 
  private:
@@ -113,7 +112,7 @@ class LoopPlanner {
   struct Request {
     Token token;
     std::uint64_t t_alloc;
-    std::size_t live;  ///< large bytes allocated when it was requested
+    std::size_t live;  ///< bytes allocated when it was requested
     std::uint64_t t_free = kLive;
   };
   struct Candidate {

@@ -25,10 +25,9 @@ void PlannedArena::attach(Block* backing) {
 }
 
 std::vector<Block*> PlannedArena::carve(BlockPool& pool, std::size_t min_gap) {
-  draining_ = true;
   std::vector<Block*> out;
-  if (trial() || held_.size() != 1) return out;  // on trial, or carved already
-  Block* piece = held_.begin()->second;          // [pos, end): not yet cut
+  if (trial() || backing_ == nullptr) return out;  // on trial, or carved already
+  Block* piece = held_.begin()->second;            // [pos, end): not yet cut
   held_.clear();
   DevicePtr pos = base_;
   auto cut = [&](DevicePtr lo, DevicePtr hi) {  // gives [lo, hi) of `piece` to the pool
@@ -80,7 +79,7 @@ DevicePtr PlannedArena::place(const Token& token, const TokenWindow& window) {
   if (followed_ < n) ++followed_;
   if (followed_ == n && cursor_ == plan_.quiet) ++quiet_visits_;
   const Plan::Entry& e = plan_.entries[k];
-  if (trial() || draining_ || e.offset == Plan::kUnplanned) return 0;
+  if (trial() || e.offset == Plan::kUnplanned) return 0;
   if (!available(e.offset, token.size, token.stream)) return 0;
   live_.emplace(e.offset, Live{e.offset + token.size, token.stream, e.fence});
   if (std::find(streams_.begin(), streams_.end(), token.stream) == streams_.end())

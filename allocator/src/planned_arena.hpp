@@ -1,4 +1,4 @@
-// PlannedArena: serves a loop's large requests at the offsets a Plan gives them, inside one pool
+// PlannedArena: serves a loop's requests at the offsets a Plan gives them, inside one pool
 // block that stays allocated (so mapped) while the plan is in use.
 //
 // It follows the request sequence with a cursor over the plan's entries. A request that matches
@@ -35,7 +35,7 @@ class PlannedArena {
   PlannedArena(const PlannedArena&) = delete;
   PlannedArena& operator=(const PlannedArena&) = delete;
 
-  /// Follows one large request (`window` includes it). Returns where to serve it in the arena,
+  /// Follows one request (`window` includes it). Returns where to serve it in the arena,
   /// or 0 to serve it elsewhere.
   DevicePtr place(const Token& token, const TokenWindow& window);
   /// Frees a block place() returned (its stream's work is ordered before any later reuse on
@@ -45,12 +45,12 @@ class PlannedArena {
 
   /// Puts the plan in use over `backing`, an allocated pool block of at least plan().bytes.
   void attach(Block* backing);
-  /// On trial: no backing yet.
-  bool trial() const { return backing_ == nullptr; }
+  /// On trial: never backed.
+  bool trial() const { return bytes_ == 0; }
 
   bool contains(DevicePtr p) const { return !held_.empty() && p >= base_ && p < base_ + bytes_; }
-  bool empty() const { return live_.empty(); }
-  /// Stops placing (the plan no longer fits the loop, or memory is short) and cuts the backing
+  /// For an arena no longer placing (the plan no longer fits the loop, or memory is short): cuts
+  /// the backing
   /// around the blocks still live: returns the pieces no block uses, in address order, for the
   /// pool (runs under `min_gap` bytes stay in the pieces held). The held pieces come back one
   /// by one from free(). A block that lives on (the loop changed) so pins only itself.
@@ -90,11 +90,10 @@ class PlannedArena {
   Plan plan_;
   Block* backing_ = nullptr;  ///< until carve(): the whole range; then see held_
   DevicePtr base_ = 0;
-  std::size_t bytes_ = 0;
+  std::size_t bytes_ = 0;             ///< of the range; 0 while on trial
   std::map<DevicePtr, Block*> held_;  ///< pieces of the backing held, by address
   std::size_t cursor_;
   bool synced_ = true;
-  bool draining_ = false;
   std::size_t missed_ = 0;    ///< requests the plan did not foresee
   std::size_t followed_ = 0;  ///< requests followed since the trial began, up to a period
   std::size_t quiet_visits_ = 0;

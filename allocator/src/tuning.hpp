@@ -35,11 +35,11 @@ inline constexpr int kBackedFitCandidates = 8;
 
 // --- Loop plans (config loop_plan) -------------------------------------------------------------
 
-/// Longest loop, in large requests, the planner learns: its history holds twice this many
-/// (~40 B each). A training step of the bundled traces has 2.5k-30k; LLM generation with a
-/// growing KV cache never repeats and would only fill the history.
+/// Longest loop, in requests, the planner learns: its history holds twice this many
+/// (~40 B each). A pass of a bundled training or inference trace has 2.5k-60k; LLM generation
+/// with a growing KV cache (a million a pass) is planned only in its repeated decode steps.
 inline constexpr std::size_t kLoopPlanMaxPeriod = std::size_t{1} << 17;
-/// Large events (allocations and frees) between a free on one stream and a planned reuse of its
+/// Events (allocations and frees) between a free on one stream and a planned reuse of its
 /// bytes on another: the event recorded at the free has had that long to complete. A block
 /// whose event has not completed is served by the pool instead.
 inline constexpr std::uint64_t kLoopPlanCrossStreamMargin = 256;

@@ -25,11 +25,16 @@ struct Trace {
 
 class PolicyTargets : public ::testing::TestWithParam<Trace> {};
 
-Result replay(const Trace& t, const std::string& config) {
-  const auto events = load_trace(std::string(CUARENA_TRACE_DIR) + "/" + t.file);
+auto events_of(const Trace& t) { return load_trace(std::string(CUARENA_TRACE_DIR) + "/" + t.file); }
+
+SimOptions options(const std::string& config) {
   SimOptions o;
   o.config = Config::parse(config);
-  return replay_cuarena(events, o);
+  return o;
+}
+
+Result replay(const Trace& t, const std::string& config) {
+  return replay_cuarena(events_of(t), options(config));
 }
 
 TEST_P(PolicyTargets, DefaultBelowNativeAndAsync) {
@@ -59,9 +64,8 @@ TEST_P(PolicyTargets, MemoryFirstBelowEveryPyTorchModeAndOnTarget) {
 // out of memory (a binary search alone assumes that).
 TEST_P(PolicyTargets, NoOutOfMemoryAboveTheMinimumCapacity) {
   const Trace& t = GetParam();
-  const auto events = load_trace(std::string(CUARENA_TRACE_DIR) + "/" + t.file);
-  SimOptions o;
-  o.config = Config::parse("whole_chunk_min:0");
+  const auto events = events_of(t);
+  const SimOptions o = options("whole_chunk_min:0");
   const Result r = replay_cuarena(events, o);
   const CheckedMinCapacity m = min_capacity_checked(events, o, r.peak_reserved_bytes);
   ASSERT_TRUE(m.bytes.has_value());
