@@ -380,9 +380,13 @@ class Allocator::Impl {
       ++count;
       bytes += std::int64_t(rec.size);
       requested += std::int64_t(rec.requested);
-      if (rec.planned)
-        CUARENA_CHECK(arena_holding(ptr) != nullptr, hex(ptr) + " planned but in no planned arena");
-      else
+      if (rec.planned) {
+        const PlannedArena* a = arena_holding(ptr);
+        CUARENA_CHECK(a != nullptr && a->piece(ptr) != nullptr,
+                      hex(ptr) + " planned but in no planned arena");
+        CUARENA_CHECK(pool_.backed(a->piece(ptr), ptr, rec.size),
+                      hex(ptr) + " planned, not backed");
+      } else
         check_memory(ptr, rec.size, rec.slab, rec.block);
     });
     caches_.for_each([&](StreamCache& c) {
@@ -498,7 +502,11 @@ class Allocator::Impl {
     const detail::Token token{rec.size, stream};
     rec.seq =
         planner_->on_allocate(token, std::size_t(stats_.allocated_bytes[int(Pool::kAll)].current));
-    const DevicePtr ptr = arena_ ? arena_->place(token, planner_->window()) : 0;
+    DevicePtr ptr = arena_ ? arena_->place(token, planner_->window()) : 0;
+    if (ptr != 0 && !pool_.back_part(arena_->piece(ptr), ptr, rec.size, stream)) {
+      arena_->unplace(ptr);  // no memory for this part now: the pool serves it (or reclaims)
+      ptr = 0;
+    }
     if (arena_ && arena_->quiet_visits() > checked_visits_) {  // the loop holds least now
       checked_visits_ = arena_->quiet_visits();
       if (arena_->trial() && !arena_->missed()) {
@@ -537,16 +545,18 @@ class Allocator::Impl {
     return pool_.release_cached();
   }
 
-  /// Puts a plan that passed its trial in use: backs its range with one pool block taken from
-  /// the memory the pool caches (what the loop used), or leaves it on trial. Caller holds mu_.
+  /// Puts a plan that passed its trial in use over a lazy range (BlockPool::reserve_lazy):
+  /// each part is backed when a block first lands there, with the memory the pool caches as
+  /// the loop's older blocks die, so the range never stacks on top of that cache. Caller holds
+  /// mu_.
   void back(PlannedArena& a, StreamId stream) {
     const std::size_t bytes = round_up(a.plan().bytes, kMinBlockSize);
-    // The loop holds least now: what the pool caches is given back first (waiting, once, for
-    // the streams to finish with it), so the range is backed with fresh memory instead of
-    // stacking on top of the cache.
-    pool_.synchronize();
-    pool_.release_cached();
-    Block* backing = pool_.try_allocate(bytes, stream);
+    if (pool_.segment_mode()) {
+      // A segment comes backed whole: give the cache back first (the loop holds least now).
+      pool_.synchronize();
+      pool_.release_cached();
+    }
+    Block* backing = pool_.reserve_lazy(bytes, stream);
     if (backing == nullptr) return;
     a.attach(backing);
     ++stats_.loop_plans;

@@ -154,6 +154,7 @@ void BlockPool::absorb(Block* lower, Block* upper) {
   if (upper->next) upper->next->prev = lower;
   lower->free_seq = std::max(lower->free_seq, upper->free_seq);
   lower->used = lower->used || upper->used;
+  lower->lazy = lower->lazy || upper->lazy;
   delete upper;
 }
 
@@ -208,6 +209,7 @@ Block* BlockPool::split_off(Block* b, DevicePtr at) {
   r->shared = b->shared;
   r->retired = b->retired;
   r->used = b->used;
+  r->lazy = b->lazy;
   r->free_seq = b->free_seq;
   return r;
 }
@@ -237,12 +239,13 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if (b->size > size) insert_free(split_off(b, b->addr + size), fifo_pos, was_shared || was_warm);
   b->allocated = true;
   // A shared block can lack granules; in memory-first mode an owned one can too (it may have
-  // absorbed a shared neighbour).
-  if ((was_shared || merged_) && !ensure_mapped(b, size, stream)) {
+  // absorbed a shared neighbour); a lazy one can in both modes.
+  if ((was_shared || merged_ || b->lazy) && !ensure_mapped(b, b->addr, size, stream)) {
     b->allocated = false;
     insert_free(coalesce(b));
     return nullptr;
   }
+  b->lazy = false;
   if (b->used && b->stream != stream) ++ctx_.stats.cross_stream_reuses;
   b->shared = false;
   b->used = true;
@@ -355,10 +358,38 @@ const Block* BlockPool::active_holder(PhysRef p) const {
   return b;
 }
 
-bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
+Block* BlockPool::reserve_lazy(std::size_t size, StreamId stream) {
+  if (segments_) return try_allocate(size, stream);
+  if (size > ctx_.limit) return nullptr;
+  Block* b = new_arena(size, stream);  // fresh address space: nothing mapped there
+  remove_free(b);
+  if (b->size > size) insert_free(split_off(b, b->addr + size), nullptr, /*warm=*/false);
+  b->allocated = true;
+  b->lazy = true;
+  b->shared = false;
+  b->used = true;
+  b->stream = stream;
+  return b;
+}
+
+bool BlockPool::back_part(Block* b, DevicePtr addr, std::size_t size, StreamId stream) {
+  CUARENA_ASSERT(
+      b->allocated && (b->lazy || segments_) && addr >= b->addr && addr + size <= b->end(),
+      "back_part: the part must lie inside a lazy allocated block");
+  if (segments_) return true;  // backed whole
+  return ensure_mapped(b, addr, size, stream);
+}
+
+bool BlockPool::backed(const Block* b, DevicePtr addr, std::size_t size) const {
+  std::size_t first = 0, last = 0;
+  b->arena->covering(addr, size, first, last);
+  return b->arena->count_unmapped(first, last) == 0;
+}
+
+bool BlockPool::ensure_mapped(Block* b, DevicePtr addr, std::size_t size, StreamId stream) {
   Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
-  a.covering(b->addr, size, first, last);
+  a.covering(addr, size, first, last);
   std::vector<std::size_t> holes;
   for (std::size_t g = first; g < last; ++g) {
     if (!a.is_mapped(g)) holes.push_back(g);
@@ -374,7 +405,7 @@ bool BlockPool::ensure_mapped(Block* b, std::size_t size, StreamId stream) {
   // A hole granule that sticks out of b is shared with a free neighbour that other streams may
   // use at once, so it must not receive an alias of this stream's not-yet-finished memory.
   auto inside = [&](std::size_t g) {
-    return a.granule_addr(g) >= b->addr && a.granule_addr(g + 1) <= b->addr + size;
+    return a.granule_addr(g) >= addr && a.granule_addr(g + 1) <= addr + size;
   };
 
   const std::size_t gran = ctx_.granule;
@@ -851,6 +882,7 @@ void BlockPool::retire(StreamPool& sp, Block* f, std::size_t g0, std::size_t g1)
   }
   if (a.granule_addr(g1) < mid->end()) insert_free(split_off(mid, a.granule_addr(g1)), next);
   mid->retired = true;
+  mid->lazy = false;  // its granules are mapped: that is what it lends
   mid->free_seq = ++sp.seq;
   mark_unswept(sp);
   stamp(mid);
@@ -972,6 +1004,7 @@ void BlockPool::make_shared(Block* b) {
     b->arena->stamp(first, last, {});
   }
   b->shared = true;
+  b->lazy = false;  // shared blocks may lack granules anyway
   insert_free(coalesce(b));
 }
 

@@ -1,7 +1,8 @@
 // BlockPool: best-fit blocks over large virtual ranges, physical memory in granules.
 //
 // Every arena is tiled by Blocks in address order (prev/next). A block is
-//   * allocated: handed out; every granule it overlaps is mapped.
+//   * allocated: handed out; every granule it overlaps is mapped (a lazy block: those its user
+//     asked for with back_part()).
 //   * owned free: freed on stream S, not yet known to be finished there. Only S may reuse it.
 //     In S's size index and S's free-order FIFO. Fully mapped.
 //   * shared free: an event recorded on its last stream after the free has completed (or it was
@@ -61,8 +62,11 @@ struct Block {
   StreamId stream = 0;    ///< allocation stream, or owning stream while owned/retired
   bool allocated = false;
   bool retired = false;
-  bool shared = false;         ///< free and usable by every stream
-  bool used = false;           ///< has ever been allocated (for cross-stream reuse counting)
+  bool shared = false;  ///< free and usable by every stream
+  bool used = false;    ///< has ever been allocated (for cross-stream reuse counting)
+  /// Backed part by part (a planned range, BlockPool::reserve_lazy): may lack granules even
+  /// while allocated or owned. Cleared when the block is next handed out or shared.
+  bool lazy = false;
   std::uint64_t free_seq = 0;  ///< owner stream's free sequence number at free/retire time
   Link<Block> fifo;            ///< owner's FIFO (owned free) or retired list
   Link<Block> lru;             ///< warm_ (shared free blocks that may hold mapped granules)
@@ -99,6 +103,19 @@ class BlockPool {
   /// Frees an allocated block on its stream: owned by that stream, coalesced with its owned
   /// neighbours.
   void deallocate(Block* block);
+
+  /// An allocated block of `size` bytes (a multiple of 512) at the start of fresh address
+  /// space, with no memory: its user backs the parts it uses with back_part(), and memory comes
+  /// as it would for any request (dormant mappings, idle or stolen granules, then new ones), so
+  /// the range never holds memory for parts not yet used. A segment backend cannot map part of
+  /// a range: there the block comes backed whole (try_allocate). Returns nullptr as
+  /// try_allocate() does; throws BackendError.
+  Block* reserve_lazy(std::size_t size, StreamId stream);
+  /// Backs [addr, addr+size) of lazy allocated block b for `stream` (a no-op where it is
+  /// backed). False, having changed nothing but caches, when the limit or the device refuses.
+  bool back_part(Block* b, DevicePtr addr, std::size_t size, StreamId stream);
+  /// True when every granule [addr, addr+size) of b's arena overlaps is mapped.
+  bool backed(const Block* b, DevicePtr addr, std::size_t size) const;
 
   /// Splits allocated block b at `at` (a 512-byte multiple strictly inside it): b keeps
   /// [addr, at), the returned allocated block holds [at, end). Nothing is mapped or unmapped;
@@ -219,8 +236,9 @@ class BlockPool {
   /// counted up to `limit` (the scan stops there: callers only compare against it).
   std::size_t missing_granules(const Block* b, std::size_t size,
                                std::size_t limit = SIZE_MAX) const;
-  /// Backs [b->addr, b->addr+size) of detached block b for `stream`; false if refused.
-  bool ensure_mapped(Block* b, std::size_t size, StreamId stream);
+  /// Backs [addr, addr+size) of detached (or lazy allocated) block b for `stream`; false if
+  /// refused.
+  bool ensure_mapped(Block* b, DevicePtr addr, std::size_t size, StreamId stream);
   /// Unmaps cached granules of shared blocks until `target` granules are idle.
   void steal(std::size_t target);
   enum class Take {

@@ -24,6 +24,18 @@ void PlannedArena::attach(Block* backing) {
   held_.emplace(base_, backing);
 }
 
+Block* PlannedArena::piece(DevicePtr ptr) const {
+  if (!contains(ptr)) return nullptr;
+  Block* b = std::prev(held_.upper_bound(ptr))->second;
+  return ptr < b->end() ? b : nullptr;
+}
+
+void PlannedArena::unplace(DevicePtr ptr) {
+  const auto it = live_.find(std::size_t(ptr - base_));
+  CUARENA_ASSERT(contains(ptr) && it != live_.end(), "unplace: not a block of the arena");
+  live_.erase(it);
+}
+
 std::vector<Block*> PlannedArena::carve(BlockPool& pool, std::size_t min_gap) {
   std::vector<Block*> out;
   if (trial() || backing_ == nullptr) return out;  // on trial, or carved already

@@ -43,8 +43,14 @@ class PlannedArena {
   /// held piece of the backing this free emptied (to give back to the pool), else nullptr.
   Block* free(DevicePtr ptr);
 
-  /// Puts the plan in use over `backing`, an allocated pool block of at least plan().bytes.
+  /// Takes back the block place() just returned at `ptr`, its memory having been refused.
+  void unplace(DevicePtr ptr);
+
+  /// Puts the plan in use over `backing`, an allocated pool block of at least plan().bytes;
+  /// a lazy one (BlockPool::reserve_lazy) is backed by the caller as place() hands out parts.
   void attach(Block* backing);
+  /// The pool block holding `ptr` (the backing, or once carved the held piece), or nullptr.
+  Block* piece(DevicePtr ptr) const;
   /// On trial: never backed.
   bool trial() const { return bytes_ == 0; }
 

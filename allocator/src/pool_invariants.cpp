@@ -41,10 +41,11 @@ void BlockPool::check_invariants() const {
       a.covering(b->addr, b->size, first, last);
       const bool fully_mapped = a.count_unmapped(first, last) == 0;
       if (b->allocated) {
-        if (!fully_mapped) broken(at + ": allocated block not fully mapped");
+        if (!fully_mapped && !b->lazy) broken(at + ": allocated block not fully mapped");
         if (b->fifo.linked || b->lru.linked) broken(at + ": allocated block is indexed");
         continue;
       }
+      if (b->lazy && (b->retired || b->shared)) broken(at + ": lazy block retired or shared");
       if (b->retired) {
         if (!fully_mapped || b->addr % ctx_.granule || b->size % ctx_.granule)
           broken(at + ": retired block not granule-aligned and mapped");
@@ -73,7 +74,8 @@ void BlockPool::check_invariants() const {
         if (it == streams_.end() || !it->second.free.count(const_cast<Block*>(b)) ||
             !b->fifo.linked || (b->lru.linked && !merged_))
           broken(at + ": owned block not in its stream's index");
-        if (!merged_ && !fully_mapped) broken(at + ": owned free block not fully mapped");
+        if (!merged_ && !b->lazy && !fully_mapped)
+          broken(at + ": owned free block not fully mapped");
       }
     }
     if (expect != a.base() + a.size()) broken("blocks do not cover the whole arena");
