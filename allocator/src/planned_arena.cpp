@@ -63,7 +63,8 @@ std::vector<Block*> PlannedArena::carve(BlockPool& pool, std::size_t min_gap) {
     pos = std::max(pos, base_ + live.end);
   }
   if (piece != nullptr) {
-    if (base_ + bytes_ - pos >= min_gap) cut(pos, base_ + bytes_);
+    // With no live block the whole range goes back, however small.
+    if (live_.empty() || base_ + bytes_ - pos >= min_gap) cut(pos, base_ + bytes_);
     if (piece != nullptr) held_.emplace(piece->addr, piece);
   }
   backing_ = nullptr;

@@ -1,0 +1,62 @@
+// The allocator serving loop plans (config loop_plan), through the public API: how a plan's range
+// is backed and given back. (Randomized loops: randomized_test.cpp's RandomizedLoopPlan.)
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "test_support.hpp"
+
+using namespace cuarena;
+using namespace cuarena::test;
+
+namespace {
+
+// Runs `iterations` of a loop allocating `sizes` on stream 1 and freeing them in reverse.
+void run(Allocator& a, const std::vector<std::size_t>& sizes, int iterations) {
+  for (int it = 0; it < iterations; ++it) {
+    std::vector<void*> live;
+    for (std::size_t s : sizes) live.push_back(a.allocate(s, 1));
+    for (auto p = live.rbegin(); p != live.rend(); ++p) a.deallocate(*p);
+  }
+}
+
+TEST(LoopPlan, PuttingThePlanInUseCostsNoPeak) {
+  // Each iteration's block x lives into the next one, so some block of the loop is live at every
+  // point. The plan's range is reserved without memory and backed where its blocks land, taking
+  // the memory the old instances free: the job never holds more than the loop needs.
+  SimBackend sim(sim_options());
+  Allocator a(sim, Config::parse("loop_plan:True"));
+  void* x = a.allocate(32 * MiB, 1);
+  auto iteration = [&] {
+    void* t = a.allocate(24 * MiB, 1);
+    a.deallocate(x);
+    x = a.allocate(32 * MiB, 1);
+    a.deallocate(t);
+  };
+  for (int it = 0; it < 3; ++it) iteration();
+  const std::int64_t pool_peak = a.stats().reserved_bytes[int(Pool::kAll)].peak;
+  for (int it = 0; it < 12; ++it) iteration();
+  ASSERT_GE(a.stats().loop_plans, 1) << "the loop was never planned";
+  a.check_invariants();
+  const Stats before = a.stats();
+  for (int it = 0; it < 3; ++it) iteration();
+  const Stats after = a.stats();
+  EXPECT_EQ(after.map_calls, before.map_calls) << "the plan in use still maps";
+  EXPECT_EQ(after.planned_allocations - before.planned_allocations, 6);
+  EXPECT_LE(after.reserved_bytes[int(Pool::kAll)].peak, pool_peak);
+  a.deallocate(x);
+}
+
+TEST(LoopPlan, ASmallRangeWithNoLiveBlockGoesBackWhole) {
+  // A plan smaller than the carving gap (2 MiB) whose blocks are all freed: empty_cache() gives
+  // its whole range back (it used to stay held with no block in it).
+  SimBackend sim(sim_options());
+  Allocator a(sim, Config::parse("loop_plan:True,small_limit:512"));
+  run(a, {64 * KiB, 256 * KiB, 128 * KiB}, 12);
+  ASSERT_GE(a.stats().loop_plans, 1) << "the loop was never planned";
+  a.release_cached();
+  a.check_invariants();
+  EXPECT_EQ(sim.physical_bytes(), 0u);
+}
+
+}  // namespace
