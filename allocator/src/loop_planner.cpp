@@ -56,21 +56,10 @@ std::size_t pack_cyclic(const std::vector<PackItem>& items, std::uint64_t period
   offsets.assign(n, 0);
   fence.assign(n, false);
   if (n == 0 || period == 0) return 0;
-  // Time buckets over the circle: a block is listed in every bucket its lifetime (plus the
-  // cross-stream margin) touches, so the blocks that may conflict with one are found without
-  // looking at all of them.
-  const std::uint64_t buckets = std::min<std::uint64_t>(4096, period);
-  const std::uint64_t width = (period + buckets - 1) / buckets;
-  std::vector<std::vector<std::uint32_t>> in_bucket(buckets);
-  auto for_buckets = [&](const PackItem& it, auto&& fn) {
-    const std::uint64_t end = it.end + margin;
-    if (end - it.start >= period) {
-      for (std::uint64_t b = 0; b < buckets; ++b) fn(b);
-      return;
-    }
-    for (std::uint64_t t = it.start / width * width; t < end; t += width) fn((t / width) % buckets);
-  };
-
+  // Greedy by size (largest first), each block at the lowest offset where no block already
+  // placed that is live at the same time (cyclically, plus the cross-stream margin) overlaps it.
+  // The placed blocks are kept by offset, so the first gap is found in one walk that stops
+  // there: O(n^2) pair checks at worst, with no sorting per block.
   std::vector<std::uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
   std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
@@ -78,33 +67,25 @@ std::size_t pack_cyclic(const std::vector<PackItem>& items, std::uint64_t period
     const auto la = items[a].end - items[a].start, lb = items[b].end - items[b].start;
     return la != lb ? la > lb : a < b;
   });
-  std::vector<std::uint32_t> seen(n, UINT32_MAX);
-  std::vector<std::pair<std::size_t, std::size_t>> taken;  // [offset, end) of conflicting blocks
+  std::vector<std::uint32_t> placed;  // by offset
+  placed.reserve(n);
   std::size_t extent = 0;
-  for (std::uint32_t rank = 0; rank < n; ++rank) {
-    const std::uint32_t i = order[rank];
+  for (const std::uint32_t i : order) {
     const PackItem& a = items[i];
-    taken.clear();
-    for_buckets(a, [&](std::uint64_t b) {
-      for (std::uint32_t j : in_bucket[b]) {
-        if (seen[j] == rank) continue;
-        seen[j] = rank;
-        const PackItem& o = items[j];
-        const std::uint64_t m = o.stream == a.stream ? 0 : margin;
-        if (cyclic_overlap(a.start, a.end + m, o.start, o.end + m, period)) {
-          taken.emplace_back(offsets[j], offsets[j] + o.size);
-        }
-      }
-    });
-    std::sort(taken.begin(), taken.end());
     std::size_t at = 0;  // lowest offset where `a` fits between the conflicting blocks
-    for (const auto& [lo, hi] : taken) {
-      if (lo >= at + a.size) break;
-      at = std::max(at, hi);
+    for (const std::uint32_t j : placed) {
+      if (offsets[j] >= at + a.size) break;
+      const PackItem& o = items[j];
+      const std::uint64_t m = o.stream == a.stream ? 0 : margin;
+      if (cyclic_overlap(a.start, a.end + m, o.start, o.end + m, period))
+        at = std::max(at, offsets[j] + o.size);
     }
     offsets[i] = at;
     extent = std::max(extent, at + a.size);
-    for_buckets(a, [&](std::uint64_t b) { in_bucket[b].push_back(i); });
+    const auto pos =
+        std::upper_bound(placed.begin(), placed.end(), at,
+                         [&](std::size_t off, std::uint32_t j) { return off < offsets[j]; });
+    placed.insert(pos, i);
   }
   // Blocks of two streams sharing bytes (at different times, by the packing): each one's free
   // needs an event before the other reuses them. A sweep over addresses finds them.
