@@ -210,9 +210,9 @@ const ConfigTable<Config>& Config::table() {
                "with no driver call; 0: unmap at once"),
       bool_key("loop_plan", &C::loop_plan,
                "learn a loop that repeats exactly and serve each of its requests at an offset "
-               "planned for the whole iteration, in one range that stays mapped: no driver calls "
-               "from about the sixth iteration; costs a one-time peak when the plan starts "
-               "(experimental; figures in docs/results.md)"),
+               "planned for the whole iteration, in one range mapped as the loop first uses it: "
+               "no driver calls from about the sixth iteration; with whole_chunk_min:0 the least "
+               "memory in training (experimental; figures in docs/results.md)"),
       choice_key(
           "upstream", &C::upstream,
           {{"vmm", Upstream::kVmm}, {"async", Upstream::kAsync}, {"malloc", Upstream::kMalloc}},

@@ -59,9 +59,9 @@ struct Config {
   /// Learn a loop that repeats exactly (its requests' sizes and streams, in order) and serve
   /// each request at an offset planned for the whole iteration inside one range that stays
   /// mapped (LoopPlanner, PlannedArena): from about the sixth iteration no driver calls, and
-  /// the range is close to the loop's peak of live bytes. Putting a plan in use costs a
-  /// one-time peak (the old blocks still live beside the new range). Requests the plan does
-  /// not foresee are served as usual.
+  /// the range is close to the loop's peak of live bytes. The range is backed part by part as
+  /// the loop first uses it, with the memory its older blocks free, so putting a plan in use
+  /// costs no peak. Requests the plan does not foresee are served as usual.
   bool loop_plan = false;
   /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
   double per_process_memory_fraction = 1.0;
