@@ -626,7 +626,9 @@ class Allocator::Impl {
   /// stream's free blocks may be reused or unmapped. (Empty slabs are never cached.)
   void reclaim() {
     ++stats_.num_alloc_retries;
-    if (arena_) {  // memory is short: the plan's range goes back once its blocks are freed
+    // Memory is short: a plan in use gives its range back (its live blocks' pieces once they
+    // are freed). A plan on trial holds nothing and goes on learning.
+    if (arena_ && !arena_->trial()) {
       planner_->forget();
       retire(std::move(arena_));
     }

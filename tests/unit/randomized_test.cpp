@@ -360,6 +360,8 @@ struct LoopResult {
   std::vector<std::int64_t> peak_reserved;  // per iteration
   std::vector<std::int64_t> driver_calls;   // per iteration: map, unmap, access, create, release
   std::int64_t planned = 0;                 // allocations served at their loop-planned offset
+  std::int64_t ooms = 0;                    // allocations refused (a tight scenario only)
+  std::int64_t retries = 0;                 // times memory ran short (num_alloc_retries)
 };
 
 std::int64_t driver_calls(const Stats& s) {
@@ -367,8 +369,10 @@ std::int64_t driver_calls(const Stats& s) {
 }
 
 // Runs `iterations` of one script; checks everything after every operation. Returns each
-// iteration's highest reserved bytes.
-LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size_t blocks) {
+// iteration's highest reserved bytes. A refused allocation fails the test unless `tight`, where
+// that block is left out of the iteration (its free too).
+LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size_t blocks,
+                    bool tight = false) {
   constexpr unsigned kStreams = 4;
   std::mt19937_64 rng(seed);
   const Config config = Config::parse(sc.config);
@@ -397,13 +401,23 @@ LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size
     for (const LoopStep& step : script) {
       sim.advance(1);
       if (step.allocate) {
-        void* p = a.allocate(step.bytes, step.stream);  // roomy: never out of memory
+        void* p = nullptr;
+        try {
+          p = a.allocate(step.bytes, step.stream);
+        } catch (const OutOfMemoryError&) {
+          if (!tight) throw;
+          ++out.ooms;
+          slot[step.slot] = nullptr;
+          check_against_model(a, sim, model);
+          continue;
+        }
         slot[step.slot] = p;
         model.emplace(addr(p), Live{step.bytes, step.stream});
         const std::string broken = guard.allocated(addr(p), a.find(p)->size, step.stream);
         EXPECT_TRUE(broken.empty()) << broken;
       } else {
         void* p = slot[step.slot];
+        if (p == nullptr) continue;  // refused (tight)
         const Live live = model.at(addr(p));
         const StreamId use = use_of[step.slot];
         if (use != live.stream) a.record_stream(p, use);
@@ -423,6 +437,7 @@ LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size
     out.driver_calls.push_back(driver_calls(a.stats()) - calls_before);
   }
   out.planned = a.stats().planned_allocations;
+  out.retries = a.stats().num_alloc_retries;
   for (void* w : weights) a.deallocate(w);
   a.release_cached();
   EXPECT_EQ(sim.physical_bytes(), 0u) << "memory leaked after everything was freed";
@@ -526,6 +541,26 @@ INSTANTIATE_TEST_SUITE_P(Scenarios, RandomizedLoopPlan,
 // An iteration far longer than the plan's cross-stream margin (so the plan shares bytes across
 // streams) with events slower than that margin: the fences recorded at those frees must hold
 // each reuse back until its event completes (the ReuseGuard fails the test otherwise).
+// A loop under a limit a little below what it held when roomy (above its plan's extent): plans
+// are put in use, parts of their lazy range are refused memory (the pool serves those
+// requests), memory running short retires the plan and cuts its range around live blocks, and
+// the pieces go back to the pool with holes. Everything is checked after every operation.
+TEST(RandomizedLoopPlanTight, InvariantsHoldWhenMemoryRunsShort) {
+  for (const char* config : {"loop_plan:True", "loop_plan:True,whole_chunk_min:0"}) {
+    for (unsigned seed : {1u, 2u}) {
+      const Scenario roomy{"roomy", 16 * GiB, 4, config, 0};
+      const LoopResult free_run = run_loop(roomy, seed, 4, kLoopBlocks);
+      const std::int64_t held =
+          *std::max_element(free_run.peak_reserved.begin(), free_run.peak_reserved.end());
+      const Scenario tight{"tight", round_up(std::size_t(held) * 96 / 100, kGranule), 4, config, 0};
+      const LoopResult r = run_loop(tight, seed, kLoopIterations, kLoopBlocks, /*tight=*/true);
+      if (::testing::Test::HasFailure()) return;
+      EXPECT_GT(r.retries, 0) << config << " seed " << seed << ": memory never ran short";
+      EXPECT_GT(r.planned, 0) << config << " seed " << seed << ": nothing was planned";
+    }
+  }
+}
+
 TEST(RandomizedLoopPlanFences, SlowEventsHoldBackCrossStreamReuse) {
   const Scenario slow{"loop_plan_slow_events", 64 * GiB, 4000, "loop_plan:True", 0};
   const LoopResult r = run_loop(slow, 7, 6, 400);
