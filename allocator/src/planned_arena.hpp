@@ -1,5 +1,6 @@
 // PlannedArena: serves a loop's requests at the offsets a Plan gives them, inside one pool
-// block that stays allocated (so mapped) while the plan is in use.
+// block that stays allocated while the plan is in use: a lazy one (BlockPool::reserve_lazy),
+// whose parts the allocator backs as blocks first land there, and which stay mapped.
 //
 // It follows the request sequence with a cursor over the plan's entries. A request that matches
 // the entry at the cursor goes to that entry's offset when those bytes are free: no live block
