@@ -340,8 +340,14 @@ class Allocator::Impl {
     Fragmentation f;
     std::size_t slab_total = 0, slab_largest = 0;
     pool_.free_mapped_extents(f.free_bytes, f.largest_free);
-    if (arena_) arena_->free_extents(f.free_bytes, f.largest_free);
-    for (const auto& a : draining_) a->free_extents(f.free_bytes, f.largest_free);
+    // A plan's range counts only where memory backs it (it is mapped as blocks first land).
+    auto gaps = [&](const PlannedArena& a) {
+      a.for_each_gap([&](const Block* piece, DevicePtr lo, DevicePtr hi) {
+        pool_.mapped_extents(piece, lo, hi, f.free_bytes, f.largest_free);
+      });
+    };
+    if (arena_) gaps(*arena_);
+    for (const auto& a : draining_) gaps(*a);
     slabs_.free_extents(slab_total, slab_largest);
     f.free_bytes += slab_total + std::size_t(stats_.stream_cached_bytes);
     f.largest_free = std::max(f.largest_free, slab_largest);

@@ -361,9 +361,22 @@ const Block* BlockPool::active_holder(PhysRef p) const {
 Block* BlockPool::reserve_lazy(std::size_t size, StreamId stream) {
   if (segments_) return try_allocate(size, stream);
   if (size > ctx_.limit) return nullptr;
-  Block* b = new_arena(size, stream);  // fresh address space: nothing mapped there
+  // The range gets an arena of its own, so the pool's blocks stay where they would be: one an
+  // earlier plan left wholly free with nothing mapped (not even dormant), else a new one. (A
+  // plan is made again after every empty_cache(), and arenas are never given back.)
+  Block* b = nullptr;
+  for (std::size_t i = 0; i < arenas_.size() && b == nullptr; ++i) {
+    Block* f = arena_first_[i];
+    if (f->next != nullptr || !f->is_free() || !f->shared || f->size < size) continue;
+    const Arena& a = *arenas_[i];
+    bool empty = true;
+    for (std::size_t k = 0; k < a.high_water() && empty; ++k) empty = !a.has_mapping(k);
+    if (empty) b = f;
+  }
+  if (b == nullptr) b = new_arena(size, stream);
+  const DevicePtr at = b->addr;
   remove_free(b);
-  if (b->size > size) insert_free(split_off(b, b->addr + size), nullptr, /*warm=*/false);
+  if (b->size > size) insert_free(split_off(b, at + size), nullptr, /*warm=*/false);
   b->allocated = true;
   b->lazy = true;
   b->shared = false;
@@ -1111,22 +1124,35 @@ void BlockPool::free_mapped_extents(std::size_t& total, std::size_t& largest) co
         flush();
         continue;
       }
-      const DevicePtr end = std::min<DevicePtr>(b->end(), mapped_end);
-      for (DevicePtr pos = b->addr; pos < end;) {
-        const std::size_t g = a.granule_of(pos);
-        const DevicePtr seg_end = std::min<DevicePtr>(end, a.granule_addr(g + 1));
-        if (a.is_mapped(g)) {
-          run += seg_end - pos;
-          total += seg_end - pos;
-        } else {
-          flush();
-        }
-        pos = seg_end;
-      }
+      scan_mapped(a, b->addr, std::min<DevicePtr>(b->end(), mapped_end), run, total, largest);
       if (b->end() > mapped_end) flush();
     }
     flush();
   }
+}
+
+void BlockPool::scan_mapped(const Arena& a, DevicePtr lo, DevicePtr hi, std::size_t& run,
+                            std::size_t& total, std::size_t& largest) {
+  for (DevicePtr pos = lo; pos < hi;) {
+    const std::size_t g = a.granule_of(pos);
+    const DevicePtr seg_end = std::min<DevicePtr>(hi, a.granule_addr(g + 1));
+    if (a.is_mapped(g)) {
+      run += seg_end - pos;
+      total += seg_end - pos;
+    } else {
+      largest = std::max(largest, run);
+      run = 0;
+    }
+    pos = seg_end;
+  }
+}
+
+void BlockPool::mapped_extents(const Block* b, DevicePtr lo, DevicePtr hi, std::size_t& total,
+                               std::size_t& largest) const {
+  CUARENA_ASSERT(lo >= b->addr && hi <= b->end(), "mapped_extents: the run must lie inside b");
+  std::size_t run = 0;
+  scan_mapped(*b->arena, lo, hi, run, total, largest);
+  largest = std::max(largest, run);
 }
 
 BlockPool::Breakdown BlockPool::breakdown() const {

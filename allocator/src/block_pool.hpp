@@ -145,6 +145,10 @@ class BlockPool {
 
   /// Free bytes inside mapped granules, and the largest contiguous run of them.
   void free_mapped_extents(std::size_t& total, std::size_t& largest) const;
+  /// Adds the bytes of [lo, hi) (inside block b) that mapped granules back to `total`, and
+  /// raises `largest` to the longest contiguous such run there.
+  void mapped_extents(const Block* b, DevicePtr lo, DevicePtr hi, std::size_t& total,
+                      std::size_t& largest) const;
 
   /// Appends every maximal run of actively mapped granules (a whole segment in segment mode)
   /// as (address, bytes), in arena order. O(mapped granules): for snapshots.
@@ -161,6 +165,10 @@ class BlockPool {
   Breakdown breakdown() const;
 
  private:
+  /// Walks [lo, hi) of `a` granule by granule: mapped bytes extend `run` and `total`, an
+  /// unmapped granule ends the run (raising `largest`).
+  static void scan_mapped(const Arena& a, DevicePtr lo, DevicePtr hi, std::size_t& run,
+                          std::size_t& total, std::size_t& largest);
   struct StreamPool {
     SizeIndex free;
     IntrusiveList<Block, &Block::fifo> fifo;     // owned free blocks, sorted by free_seq

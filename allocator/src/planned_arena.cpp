@@ -138,22 +138,6 @@ Block* PlannedArena::free(DevicePtr ptr) {
   return b;
 }
 
-void PlannedArena::free_extents(std::size_t& total, std::size_t& largest) const {
-  for (const auto& [addr, piece] : held_) {
-    std::size_t pos = addr - base_;
-    auto gap = [&](std::size_t to) {
-      total += to - pos;
-      largest = std::max(largest, to - pos);
-    };
-    const std::size_t end = piece->end() - base_;
-    for (auto it = live_.lower_bound(pos); it != live_.end() && it->first < end; ++it) {
-      gap(it->first);
-      pos = it->second.end;
-    }
-    gap(end);
-  }
-}
-
 void PlannedArena::check_invariants() const {
   auto broken = [](const std::string& what) {
     throw std::logic_error("cuarena invariant violated: planned arena: " + what);

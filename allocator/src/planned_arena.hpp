@@ -74,8 +74,20 @@ class PlannedArena {
   const std::vector<StreamId>& streams() const { return streams_; }
   const Plan& plan() const { return plan_; }
 
-  /// Bytes inside the held pieces not under a live block, and the largest such run.
-  void free_extents(std::size_t& total, std::size_t& largest) const;
+  /// Calls f(piece, lo, hi) for each run [lo, hi) of a held piece under no live block, in
+  /// address order (a lazy range's runs may lack memory: the caller asks the pool).
+  template <class F>
+  void for_each_gap(F&& f) const {
+    for (const auto& [addr, piece] : held_) {
+      DevicePtr pos = addr;
+      for (auto it = live_.lower_bound(std::size_t(addr - base_));
+           it != live_.end() && base_ + it->first < piece->end(); ++it) {
+        if (base_ + it->first > pos) f(piece, pos, base_ + it->first);
+        pos = base_ + it->second.end;
+      }
+      if (piece->end() > pos) f(piece, pos, piece->end());
+    }
+  }
   /// Throws std::logic_error naming the first broken invariant.
   void check_invariants() const;
 

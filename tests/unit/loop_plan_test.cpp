@@ -59,4 +59,41 @@ TEST(LoopPlan, ASmallRangeWithNoLiveBlockGoesBackWhole) {
   EXPECT_EQ(sim.physical_bytes(), 0u);
 }
 
+TEST(LoopPlan, APlanAfterEveryEmptyCacheReusesAddressSpace) {
+  // empty_cache() retires the plan and the loop is learned again: each new range must come
+  // from address space already reserved (arenas are never given back).
+  SimBackend sim(sim_options(1 * GiB));
+  Allocator a(sim, Config::parse("loop_plan:True"));
+  for (int epoch = 0; epoch < 30; ++epoch) {
+    run(a, {8 * MiB, 16 * MiB, 4 * MiB}, 8);
+    a.release_cached();
+  }
+  a.check_invariants();
+  EXPECT_GE(a.stats().loop_plans, 20);
+  EXPECT_LE(a.stats().segment[int(Pool::kLarge)].current, 2) << "a new arena per plan";
+  EXPECT_EQ(sim.physical_bytes(), 0u);
+}
+
+TEST(LoopPlan, FragmentationCountsOnlyTheBackedPartOfTheRange) {
+  // Free bytes are reserved bytes under no live block: the part of a plan's range that memory
+  // does not back yet is not among them.
+  SimBackend sim(sim_options(1 * GiB));
+  Allocator a(sim, Config::parse("loop_plan:True"));
+  void* x = a.allocate(32 * MiB, 1);
+  for (int it = 0; it < 17; ++it) {
+    void* t = a.allocate(24 * MiB, 1);
+    const Stats s = a.stats();
+    const Allocator::Fragmentation f = a.fragmentation();
+    EXPECT_LE(std::int64_t(f.free_bytes),
+              s.reserved_bytes[0].current - s.allocated_bytes[0].current)
+        << "iteration " << it;
+    EXPECT_LE(f.largest_free, f.free_bytes) << "iteration " << it;
+    a.deallocate(x);
+    x = a.allocate(32 * MiB, 1);
+    a.deallocate(t);
+  }
+  EXPECT_GE(a.stats().loop_plans, 1);
+  a.deallocate(x);
+}
+
 }  // namespace
