@@ -211,8 +211,9 @@ const ConfigTable<Config>& Config::table() {
       bool_key("loop_plan", &C::loop_plan,
                "learn a loop that repeats exactly and serve each of its requests at an offset "
                "planned for the whole iteration, in one range mapped as the loop first uses it: "
-               "no driver calls from about the sixth iteration; with whole_chunk_min:0 the least "
-               "memory in training (experimental; figures in docs/results.md)"),
+               "no driver calls from about the sixth iteration for what repeats exactly; with "
+               "whole_chunk_min:0 less memory than PyTorch's in training (experimental; figures "
+               "in docs/results.md)"),
       choice_key(
           "upstream", &C::upstream,
           {{"vmm", Upstream::kVmm}, {"async", Upstream::kAsync}, {"malloc", Upstream::kMalloc}},
