@@ -493,6 +493,20 @@ TEST(TorchSimCli, UnknownTorchConfKeyExitsTwoNamingIt) {
   EXPECT_NE(out.find("'foo_bar'"), std::string::npos) << out;
 }
 
+TEST(TorchSimCli, PyTorchKeysInConfigPointToTorchConf) {
+  std::string out;
+  EXPECT_EQ(
+      run_cli(trace_path("bert_varlen_infer.pickle.gz") + " --config max_split_size_mb:128", out),
+      2);
+  EXPECT_NE(out.find("'max_split_size_mb'"), std::string::npos) << out;
+  EXPECT_NE(out.find("--torch-conf"), std::string::npos) << out;
+  // A cuarena typo gets no such hint.
+  out.clear();
+  EXPECT_EQ(
+      run_cli(trace_path("bert_varlen_infer.pickle.gz") + " --config whole_chunck_min:0", out), 2);
+  EXPECT_EQ(out.find("--torch-conf"), std::string::npos) << out;
+}
+
 TEST(TorchSimCli, RowsOnTheSimulator) {
   std::string out;
   ASSERT_EQ(run_cli(trace_path("bert_varlen_infer.pickle.gz") +

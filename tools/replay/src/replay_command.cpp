@@ -31,7 +31,21 @@ SimOptions sim_options(const ReplayArgs& a) {
       throw ConfigError(std::string("$CUARENA_CONF: ") + e.what());
     }
   } else {
-    parse_replay_config(a.config, sim);
+    try {
+      parse_replay_config(a.config, sim);
+    } catch (const ConfigError& e) {
+      // PyTorch's keys (max_split_size_mb, ...) are a common slip: say where they go.
+      bool torch_keys = true;
+      try {
+        TorchConf::parse(a.config);
+      } catch (const ConfigError&) {
+        torch_keys = false;
+      }
+      if (!torch_keys) throw;
+      throw ConfigError(std::string(e.what()) +
+                        " (PyTorch's allocator settings go to --torch-conf, for the "
+                        "torch-native-sim and torch-expandable-sim rows)");
+    }
   }
   if (!a.capacity.empty()) {
     sim.capacity = parse_size(a.capacity, "--capacity");
