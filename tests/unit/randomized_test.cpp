@@ -360,7 +360,6 @@ struct LoopResult {
   std::vector<std::int64_t> peak_reserved;  // per iteration
   std::vector<std::int64_t> driver_calls;   // per iteration: map, unmap, access, create, release
   std::int64_t planned = 0;                 // allocations served at their loop-planned offset
-  std::int64_t ooms = 0;                    // allocations refused (a tight scenario only)
   std::int64_t retries = 0;                 // times memory ran short (num_alloc_retries)
 };
 
@@ -406,7 +405,6 @@ LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size
           p = a.allocate(step.bytes, step.stream);
         } catch (const OutOfMemoryError&) {
           if (!tight) throw;
-          ++out.ooms;
           slot[step.slot] = nullptr;
           check_against_model(a, sim, model);
           continue;
@@ -538,9 +536,6 @@ INSTANTIATE_TEST_SUITE_P(Scenarios, RandomizedLoopPlan,
                                             ::testing::Values(1u, 2u, 3u)),
                          loop_name);
 
-// An iteration far longer than the plan's cross-stream margin (so the plan shares bytes across
-// streams) with events slower than that margin: the fences recorded at those frees must hold
-// each reuse back until its event completes (the ReuseGuard fails the test otherwise).
 // A loop under a limit a little below what it held when roomy (above its plan's extent): plans
 // are put in use, parts of their lazy range are refused memory (the pool serves those
 // requests), memory running short retires the plan and cuts its range around live blocks, and
@@ -561,6 +556,9 @@ TEST(RandomizedLoopPlanTight, InvariantsHoldWhenMemoryRunsShort) {
   }
 }
 
+// An iteration far longer than the plan's cross-stream margin (so the plan shares bytes across
+// streams) with events slower than that margin: the fences recorded at those frees must hold
+// each reuse back until its event completes (the ReuseGuard fails the test otherwise).
 TEST(RandomizedLoopPlanFences, SlowEventsHoldBackCrossStreamReuse) {
   const Scenario slow{"loop_plan_slow_events", 64 * GiB, 4000, "loop_plan:True", 0};
   const LoopResult r = run_loop(slow, 7, 6, 400);
