@@ -17,17 +17,24 @@
 // stream); never across arenas; the lower-address block object survives a merge.
 //
 // Physical memory (PhysicalPool) is never created while it can be found: a request first takes
-// back its own dormant mappings whose granules are idle, then takes idle granules, then steals
-// cached granules of shared blocks (oldest freed first), then aliases granules of its own
-// stream's free blocks (stream order makes that safe without waiting), and only then creates a
-// chunk. Mapping reclaimed granules under a fresh virtual range is GMLake's stitching (Guo et
-// al., ASPLOS 2024).
+// back its own dormant mappings whose granules are idle; past the soft limit it steals cached
+// granules of shared blocks (oldest freed first); idle whole chunks back the runs of holes they
+// fit; still short past the soft limit, it aliases granules of its own stream's free blocks
+// (stream order makes that safe without waiting); then idle granules; and only then are chunks
+// created (BlockPool::ensure_mapped). Mapping reclaimed granules under a fresh virtual range is
+// GMLake's stitching (Guo et al., ASPLOS 2024).
 //
 // Dormant mappings (config dormant_maps): stealing a granule or dropping a retired alias leaves
 // its mapping in place, dormant, instead of unmapping it. Only shared free blocks hold dormant
 // granules (like unmapped ones, they count as holes). A request over a dormant granule whose
 // physical granule is idle takes it back with no driver call, so a repeating workload stops
 // paying for map/unmap once every layout it uses has been mapped once.
+//
+// Layers, one way down: BlockPool decides (placement, frees, sharing, which granules to back
+// or take back); StreamSweeps (stream_sweeps.hpp) says how far each stream's work is past its
+// frees; Mappings (mappings.hpp) owns the physical memory and makes every memory call to the
+// device, by arena and granule, never seeing a block. block_backing.cpp holds the search order
+// that backs a request; pool_reports.cpp the read-only walks; pool_invariants.cpp the checks.
 //
 // Segment mode (a backend without mapping: cudaMalloc, cudaMallocAsync): each arena is one
 // segment, backed whole while it exists; nothing is stolen or aliased, and whole free segments
@@ -39,7 +46,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -49,7 +55,8 @@
 #include "arena.hpp"
 #include "context.hpp"
 #include "intrusive_list.hpp"
-#include "physical_pool.hpp"
+#include "mappings.hpp"
+#include "stream_sweeps.hpp"
 
 namespace cuarena::detail {
 
@@ -88,7 +95,8 @@ class BlockPool {
  public:
   explicit BlockPool(Context& ctx)
       : ctx_(ctx),
-        phys_(ctx),
+        mappings_(ctx),
+        sweeps_(ctx.backend, ctx.stats),
         segments_(!ctx.backend.supports_mapping()),
         merged_(!segments_ && ctx.config.whole_chunk_min == 0) {}
   ~BlockPool();
@@ -169,17 +177,11 @@ class BlockPool {
   /// unmapped granule ends the run (raising `largest`).
   static void scan_mapped(const Arena& a, DevicePtr lo, DevicePtr hi, std::size_t& run,
                           std::size_t& total, std::size_t& largest);
-  struct StreamPool {
+  /// A stream's free blocks; its sweep state (free numbers, events) is the base.
+  struct StreamPool : StreamSweeps::Stream {
     SizeIndex free;
     IntrusiveList<Block, &Block::fifo> fifo;     // owned free blocks, sorted by free_seq
     IntrusiveList<Block, &Block::fifo> retired;  // retired blocks, sorted by free_seq
-    StreamId id = 0;
-    std::uint64_t seq = 0;
-    std::uint64_t done = 0;  ///< frees up to this seq are finished on the device
-    bool sweeping = false;   ///< listed in sweeping_
-    bool unswept = false;    ///< listed in unswept_
-    /// Sweep events in flight, oldest first: (event, last free_seq it covers).
-    std::deque<std::pair<EventId, std::uint64_t>> sweeps;
   };
 
   StreamPool& stream_pool(StreamId stream) {
@@ -214,18 +216,14 @@ class BlockPool {
   /// Stamps the granules b covers with its stream and free_seq (Arena::FreeStamp).
   void stamp(const Block* b);
 
-  /// Records a sweep on `stream` if frees since the newest one are uncovered; with
-  /// tuning::kMaxSweepsPerStream in flight, the new one replaces the newest.
-  void start_sweep(StreamId stream, StreamPool& sp);
+  /// Records a sweep on sp's stream if it has free or retired blocks no sweep covers yet.
+  void start_sweep(StreamPool& sp) {
+    if (!sp.fifo.empty() || !sp.retired.empty()) sweeps_.record(sp);
+  }
   /// Retires the stream's completed sweeps (oldest first), sharing the blocks they cover.
   void poll_stream(StreamPool& sp);
-  /// Lists `sp` for the next record_sweeps(): a free or retirement no sweep covers yet.
-  void mark_unswept(StreamPool& sp) {
-    if (!sp.unswept) {
-      sp.unswept = true;
-      unswept_.push_back(&sp);
-    }
-  }
+  /// Shares sp's free and retired blocks freed up to number `covered` (a completed sweep).
+  void share_covered(StreamPool& sp, std::uint64_t covered);
 
   /// Granule g of `a` lies in free memory whose last user is finished with it: its physical
   /// granule may be mapped elsewhere (Arena::FreeStamp).
@@ -245,8 +243,26 @@ class BlockPool {
   std::size_t missing_granules(const Block* b, std::size_t size,
                                std::size_t limit = SIZE_MAX) const;
   /// Backs [addr, addr+size) of detached (or lazy allocated) block b for `stream`; false if
-  /// refused.
+  /// refused. The search order, as a few calls: see the .cpp.
   bool ensure_mapped(Block* b, DevicePtr addr, std::size_t size, StreamId stream);
+  /// ensure_mapped's steps. The holes (unmapped granules) of the request's range.
+  Backing holes_of(const Block* b, DevicePtr addr, std::size_t size) const;
+  /// Takes back the holes' dormant mappings whose physical granules are idle or cached in a
+  /// shared free block (no driver call). True when no hole is left.
+  bool take_back_dormant(Block* b, Backing& r);
+  /// Reserved bytes past which cached memory is reused before any is created.
+  std::size_t soft_limit() const;
+  /// Bytes to create for r's holes if `have` granules were found for them.
+  std::size_t shortfall(const Backing& r, std::size_t have) const;
+  /// Past the soft limit: steals cached granules of shared free blocks (oldest freed first)
+  /// for the holes, and takes back the dormant mappings that frees. True when no hole is left.
+  bool reuse_cached(Block* b, Backing& r);
+  /// Still short past the soft limit: maps the stream's own free memory under the holes
+  /// wholly inside the request too (aliases; safe in stream order), when that lets it fit.
+  void alias_own(Backing& r, StreamId stream, std::size_t soft);
+  /// Takes back dormant mappings, for holes of detached block b's arena, and files the free
+  /// neighbours a whole chunk spilled into (they now cache active granules) for steal().
+  void reactivate(Block* b, std::vector<std::size_t>& holes);
   /// Unmaps cached granules of shared blocks until `target` granules are idle.
   void steal(std::size_t target);
   enum class Take {
@@ -258,10 +274,6 @@ class BlockPool {
   /// have become idle (kAll: all, unmapped; otherwise made dormant where dormant_maps allows).
   /// Leaves b in warm_ while it still holds stealable granules.
   void unmap_interior(Block* b, std::size_t max_granules, Take take);
-  /// Creates physical memory for holes[unfilled[i]] into supply: whole chunks for long runs.
-  /// False (nothing created) when the limit or the device refuses.
-  bool create_fresh(const std::vector<std::size_t>& holes, const std::vector<std::size_t>& unfilled,
-                    std::vector<PhysRef>& supply);
   /// Retires whole chunks lying wholly inside `sp`'s owned blocks (oldest freed first) to back
   /// runs of the holes listed in `open` (indexes into `holes`, wholly inside the request) that
   /// they fit, up to about `want` granules; fills `supply`. Returns the granules so backed.
@@ -275,53 +287,26 @@ class BlockPool {
   std::size_t aliasable(const StreamPool& sp, std::size_t max) const;
   /// Retires up to `want` granules of `sp`'s owned blocks, appending their physical granules.
   std::size_t alias(StreamPool& sp, std::size_t want, std::vector<PhysRef>& out);
-  void map_granules(Arena& a, const std::vector<std::size_t>& granules,
-                    const std::vector<PhysRef>& phys);
-  /// Unmaps granules [first, first+count) of `a`, active or dormant, in one backend call.
-  void unmap_run(Arena& a, std::size_t first, std::size_t count);
-  /// Retires the active mapping at granule g (its physical granule is no longer used there):
-  /// dormant if dormant_maps allows, evicting the granule's oldest dormant mapping past the cap.
-  void make_dormant(Arena& a, std::size_t g);
-  /// Takes back, with no driver call, the hole granules (of detached block b) whose dormant
-  /// physical granule is idle, and removes them from `holes`. A whole chunk comes back whole.
-  void reactivate(Block* b, Arena& a, std::vector<std::size_t>& holes);
-  /// Assigns idle whole chunks to the runs of consecutive holes they fit (largest first),
-  /// filling `supply` and taking them (listed in `wholes`). Returns the granules so backed.
-  std::size_t pack_whole(const std::vector<std::size_t>& holes, std::vector<PhysRef>& supply,
-                         std::vector<std::uint32_t>& wholes);
-  /// Unmaps every dormant mapping of an idle whole chunk and releases it.
-  void release_idle_whole(std::uint32_t chunk);
-  /// The virtual granules [first, first+count) of the mapping that puts physical granule p at
-  /// virtual granule g: g alone, or all of p's whole chunk.
-  struct Extent {
-    std::size_t first, count;
-  };
-  Extent mapping_extent(PhysRef p, std::size_t g) const;
   /// The free block holding all of p's only active mapping (all of its whole chunk's), finished
   /// there (free_holder), or nullptr.
   const Block* active_holder(PhysRef p) const;
   /// For hole granules whose dormant physical granule is active only inside a shared free
   /// block, makes that mapping dormant instead (no driver call), so reactivate() can take it.
   void reclaim_dormant(const Arena& a, const std::vector<std::size_t>& holes);
-  /// Unmaps the dormant mappings among `holes` (their granules are busy elsewhere).
-  void unmap_dormant(Arena& a, const std::vector<std::size_t>& holes);
+  Mappings::Extent mapping_extent(PhysRef p, std::size_t g) const { return mappings_.extent(p, g); }
 
   Context& ctx_;
-  PhysicalPool phys_;
+  Mappings mappings_;  // the physical memory and every memory call to the device
   std::vector<std::unique_ptr<Arena>> arenas_;
   std::vector<Block*> arena_first_;  // block at each arena's base; never merged away
   std::unordered_map<StreamId, StreamPool> streams_;
-  // Sweeps visit only the streams with work, so their cost follows the streams in use, not all
-  // the streams ever seen (a job may create hundreds of thousands).
-  std::vector<StreamPool*> sweeping_;  // streams with sweep events in flight (and a few done)
-  std::vector<StreamPool*> unswept_;   // streams whose latest frees no sweep covers yet
+  StreamSweeps sweeps_;  // after streams_: its destructor releases their events in flight
   SizeIndex shared_free_;
   std::map<DevicePtr, Block*> free_by_addr_;  // shared and owned free blocks by address
   IntrusiveList<Block, &Block::lru> warm_;    // LRU: front = freed longest ago
   std::size_t free_blocks_ = 0;
   StreamId last_stream_ = 0;  // stream_pool()'s one-entry cache
   StreamPool* last_sp_ = nullptr;
-  std::size_t sweeps_pending_ = 0;
   const bool segments_;  // segment mode: the backend cannot map
   // Memory first (whole_chunk_min:0): an owned block absorbs shared neighbours its stream used,
   // placement is one best fit over the stream's own and the shared blocks (best_fit), and
@@ -329,7 +314,6 @@ class BlockPool {
   // driver calls; the default keeps owned blocks fully mapped and tries them first
   // (own_then_shared).
   const bool merged_;
-  std::size_t segment_bytes_ = 0;  // bytes of all segments (segment mode's reserved bytes)
 };
 
 }  // namespace cuarena::detail

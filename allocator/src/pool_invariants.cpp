@@ -63,7 +63,7 @@ void BlockPool::check_invariants() const {
         if (!a.segment() && !b->lru.linked) {
           for (std::size_t g = ifirst; g < ilast; ++g) {
             if (!a.is_mapped(g)) continue;
-            const Extent e = mapping_extent(a.phys(g), g);
+            const Mappings::Extent e = mapping_extent(a.phys(g), g);
             const bool stealable = e.first >= ifirst && e.first + e.count <= ilast;
             if (stealable)
               broken(at + ": shared block caches stealable granules but is not in the LRU list");
@@ -94,9 +94,9 @@ void BlockPool::check_invariants() const {
     }
   }
   if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");
-  if (segment_bytes != segment_bytes_) broken("segment bytes disagree with the arenas");
+  if (segment_bytes != mappings_.segment_bytes()) broken("segment bytes disagree with the arenas");
   if (segments_ && !warm_.empty()) broken("a segment block is in the LRU list");
-  phys_.check_invariants(arenas, ctx_.reserved() - segment_bytes_);
+  mappings_.phys().check_invariants(arenas, ctx_.reserved() - mappings_.segment_bytes());
 }
 
 void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
