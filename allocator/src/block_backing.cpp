@@ -45,6 +45,12 @@ bool BlockPool::ensure_mapped(Block* b, DevicePtr addr, std::size_t size, Stream
   const std::size_t soft = soft_limit();
   if (ctx_.reserved() + shortfall(r, mappings_.idle_granules()) > soft && reuse_cached(b, r))
     return true;
+  // Growing past whole_chunk_fraction of the limit: memory is short, so from now on it goes
+  // memory-first (fewer bytes for more driver calls; measured: docs/results.md).
+  if (!merged_ && !segments_ && ctx_.config.whole_chunk_fraction < 1.0 &&
+      double(ctx_.reserved() + shortfall(r, mappings_.idle_granules())) >
+          ctx_.config.whole_chunk_fraction * double(ctx_.limit))
+    turn_memory_first();
   // 3. Idle whole chunks, for the runs of holes they fit.
   mappings_.pack_whole(r);
   // 4. Still short past the soft limit: the stream's own free memory, mapped here too.

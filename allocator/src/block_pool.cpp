@@ -405,6 +405,24 @@ bool BlockPool::finished(const Arena& a, std::size_t g) const {
   return it != streams_.end() && st.seq <= it->second.done;
 }
 
+void BlockPool::turn_memory_first() {
+  if (merged_ || segments_) return;
+  merged_ = true;
+  ctx_.stats.memory_first = 1;
+  mappings_.stop_whole_chunks();
+  // What memory first keeps for owned free blocks and default mode did not: an index by
+  // address, a place in warm_ (steal() looks there for finished granules), and the stamps
+  // that say when their granules are finished (unstamped granules read as finished).
+  for (auto& [id, sp] : streams_) {
+    for (Block* b = sp.fifo.front(); b != nullptr; b = Fifo::next(b)) {  // oldest freed first
+      stamp(b);
+      free_by_addr_.emplace(b->addr, b);
+      if (!Lru::contains(b)) warm_.push_back(b);
+    }
+    for (Block* b = sp.retired.front(); b != nullptr; b = Fifo::next(b)) stamp(b);
+  }
+}
+
 void BlockPool::synchronize() {
   // Finish pending sweeps, cover everything freed since, and finish those too.
   for (int round = 0; round < 2; ++round) {

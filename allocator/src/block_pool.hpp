@@ -98,7 +98,9 @@ class BlockPool {
         mappings_(ctx),
         sweeps_(ctx.backend, ctx.stats),
         segments_(!ctx.backend.supports_mapping()),
-        merged_(!segments_ && ctx.config.whole_chunk_min == 0) {}
+        merged_(!segments_ && ctx.config.whole_chunk_min == 0) {
+    if (merged_) ctx_.stats.memory_first = 1;
+  }
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -136,6 +138,12 @@ class BlockPool {
   void poll_sweeps();
   /// Blocks until every stream's free and retired blocks are shared (out-of-memory path).
   void synchronize();
+  /// Turns the pool memory-first for good (as whole_chunk_min:0): one best fit over owned and
+  /// shared blocks, finished granules of owned blocks may move, no new whole chunks. For a
+  /// pool that ran short of memory: fewer bytes for more driver calls. A no-op in segment mode
+  /// or when already memory-first.
+  void turn_memory_first();
+  bool memory_first() const { return merged_; }
 
   /// Unmaps every cached granule of shared blocks and releases idle chunks (segment mode: frees
   /// every wholly free shared segment, then trims the upstream). Returns bytes released.
@@ -313,7 +321,7 @@ class BlockPool {
   // finished granules of owned blocks can be stolen (Arena::FreeStamp). Less memory, more
   // driver calls; the default keeps owned blocks fully mapped and tries them first
   // (own_then_shared).
-  const bool merged_;
+  bool merged_;
 };
 
 }  // namespace cuarena::detail

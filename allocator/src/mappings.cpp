@@ -241,7 +241,7 @@ bool Mappings::create_fresh(const std::vector<std::size_t>& holes,
   const bool roomy = double(ctx_.reserved() + unfilled.size() * ctx_.granule) <=
                      ctx_.config.whole_chunk_fraction * double(ctx_.limit);
   const std::size_t min_run =
-      ctx_.config.whole_chunk_min == 0 || !roomy
+      ctx_.config.whole_chunk_min == 0 || singles_only_ || !roomy
           ? SIZE_MAX
           : std::max(tuning::kMinWholeRunGranules, ctx_.config.whole_chunk_min / ctx_.granule);
   std::vector<std::pair<std::size_t, std::size_t>> runs;  // [begin, end) into `unfilled`

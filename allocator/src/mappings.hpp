@@ -114,6 +114,8 @@ class Mappings {
   /// are released first when growing would pass `soft` bytes reserved. False, with the whole
   /// and idle chunks it took given back, when the limit or the device refuses.
   bool fill(Backing& r, std::size_t soft);
+  /// From now on, fresh memory comes as movable single granules only (memory first).
+  void stop_whole_chunks() { singles_only_ = true; }
   /// Maps r's holes in `a` (unmapping their dormant mappings first), granting access once per
   /// nearby runs. Precondition: fill(r) returned true.
   void map(Arena& a, const Backing& r);
@@ -133,6 +135,7 @@ class Mappings {
   Context& ctx_;
   PhysicalPool phys_;
   std::size_t segment_bytes_ = 0;
+  bool singles_only_ = false;  // stop_whole_chunks()
 };
 
 }  // namespace cuarena::detail

@@ -54,6 +54,7 @@ std::map<std::string, std::int64_t> Stats::to_map() const {
   out["cuarena.stream_cache_hits"] = stream_cache_hits;
   out["cuarena.stream_cached_bytes"] = stream_cached_bytes;
   out["cuarena.loop_plans"] = loop_plans;
+  out["cuarena.memory_first"] = memory_first;
   out["cuarena.planned_allocations"] = planned_allocations;
   return out;
 }

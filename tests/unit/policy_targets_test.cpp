@@ -113,3 +113,77 @@ INSTANTIATE_TEST_SUITE_P(Bundled, PolicyTargets, ::testing::ValuesIn(traces()),
                          });
 
 }  // namespace
+
+// --- The patterns of public bug reports (tests/data/traces/cases/README.md) ------------------
+
+namespace {
+
+struct Case {
+  const char* file;
+  double memory_first_peak;  // the case's own expectation on peak reserved / peak requested
+  double default_min;        // the default's --min-capacity / peak requested today, rounded up
+};
+
+class Cases : public ::testing::TestWithParam<Case> {};
+
+std::vector<Event> case_events(const Case& c) {
+  return load_trace(std::string(CUARENA_TRACE_DIR) + "/cases/" + c.file);
+}
+
+Result at_capacity(const std::vector<Event>& events, const std::string& config,
+                   std::uint64_t bytes) {
+  SimOptions o = options(config);
+  o.capacity = bytes;
+  return replay_cuarena(events, o);
+}
+
+TEST_P(Cases, MemoryFirstMeetsTheCasesExpectation) {
+  const Case& c = GetParam();
+  const Result r = replay_cuarena(case_events(c), options("whole_chunk_min:0"));
+  EXPECT_EQ(r.ooms, 0u);
+  EXPECT_LE(double(r.peak_reserved_bytes), c.memory_first_peak * double(r.peak_requested_bytes));
+}
+
+// Under a limit the default goes memory-first when it runs short (whole_chunk_fraction), so
+// it fits where memory first fits, give or take, and a larger device never fails where a
+// smaller one succeeded: every capacity from its minimum up to 1.10x peak requested, in 2 MiB
+// steps (at most 24 of them, spread evenly), replays with no out-of-memory.
+TEST_P(Cases, DefaultFitsFromItsMinimumCapacityUp) {
+  const Case& c = GetParam();
+  const auto events = case_events(c);
+  const Result r = replay_cuarena(events, options(""));
+  const CheckedMinCapacity m = min_capacity_checked(events, options(""), r.peak_reserved_bytes);
+  ASSERT_TRUE(m.bytes.has_value());
+  EXPECT_LE(double(*m.bytes), c.default_min* double(r.peak_requested_bytes));
+  constexpr std::uint64_t kStep = 2 * 1024 * 1024;
+  const auto top = std::uint64_t(1.10 * double(r.peak_requested_bytes));
+  const std::uint64_t steps = top > *m.bytes ? (top - *m.bytes) / kStep : 0;
+  const std::uint64_t probes = std::min<std::uint64_t>(steps + 1, 24);
+  for (std::uint64_t i = 0; i < probes; ++i) {
+    const std::uint64_t bytes = *m.bytes + (probes > 1 ? steps * i / (probes - 1) : 0) * kStep;
+    EXPECT_EQ(at_capacity(events, "", bytes).ooms, 0u) << "at " << bytes << " bytes";
+  }
+}
+
+const Case kCases[] = {
+    {"02-async-pool-churn.pickle.gz", 1.05, 1.040},
+    // The case's own bound: 1.10x peak + 20 MiB.
+    {"05-maxsplit-expandable-fence.pickle.gz", 1.10 + 20.0 / 406.0, 1.010},
+    {"12-identical-epochs-reserved-growth.pickle.gz", 1.05, 1.015},
+};
+
+INSTANTIATE_TEST_SUITE_P(Reported, Cases, ::testing::ValuesIn(kCases), [](const auto& info) {
+  const std::string name = info.param.file;
+  return "case" + name.substr(0, 2);
+});
+
+// Turning memory-first is what fits case 05 (a small block fencing a merged free range 50
+// times) near its peak: with the switch off, whole chunks strand memory there.
+TEST(Cases, TurningMemoryFirstIsWhatFitsTheFence) {
+  const auto events = case_events(kCases[1]);
+  const std::uint64_t bytes = 420ull * 1024 * 1024;  // 1.034x its peak requested
+  EXPECT_EQ(at_capacity(events, "", bytes).ooms, 0u);
+  EXPECT_GT(at_capacity(events, "whole_chunk_fraction:1", bytes).ooms, 0u);
+}
+
+}  // namespace
