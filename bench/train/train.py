@@ -210,8 +210,7 @@ def main(argv=None) -> int:
         "allocator_backend": torch.cuda.get_allocator_backend(),
         "memory_stats": {k: stats.get(k) for k in (
             "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
-            "reserved_bytes.all.peak", "allocated_bytes.all.peak", "requested_bytes.all.peak",
-            "cuarena.map_calls", "cuarena.memory_first")},
+            "reserved_bytes.all.peak", "allocated_bytes.all.peak", "requested_bytes.all.peak")},
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
