@@ -10,7 +10,7 @@ memory. An allocator whose failures depend on the layout can fail above its own 
         --traces tests/data/traces/*.pickle.gz tests/data/traces/cases/*.gz
 
 Runs build/bin/cuarena (CUARENA_BIN_DIR overrides the directory). Prints a Markdown table; exits
-1 when a probe ran out of memory, 2 on bad input.
+1 when a probe ran out of memory, 2 on bad input (a trace or config the replayer refuses).
 """
 import argparse
 import json
@@ -32,16 +32,20 @@ def replay(trace: str, config: str, extra: list[str]) -> dict:
                "--json", str(out), *extra]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if not out.exists():
-            sys.exit(f"capacity_sweep: {' '.join(cmd)} failed (exit {done.returncode}):\n"
-                     f"{done.stderr.strip()}")
+            print(f"capacity_sweep: {' '.join(cmd)} failed (exit {done.returncode}):\n"
+                  f"{done.stderr.strip()}", file=sys.stderr)
+            sys.exit(2)
         return json.loads(out.read_text())["results"][0]
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 when every probe fit, 1 when one ran out "
+                                "of memory, 2 on bad input.")
     p.add_argument("--config", action="append", default=None,
                    help="cuarena config (repeatable; '' = default)")
-    p.add_argument("--traces", nargs="+", required=True)
+    p.add_argument("--traces", nargs="+", required=True,
+                   help="trace files (PyTorch snapshots .pickle[.gz], RMM CSV, .cuat)")
     p.add_argument("--probes", type=int, default=60, help="most capacities tried per row")
     a = p.parse_args()
     if a.probes < 1:
@@ -51,12 +55,14 @@ def main() -> int:
               "CUARENA_BIN_DIR)", file=sys.stderr)
         return 2
     failed = False
-    print("| trace | config | min capacity (MiB) | / peak requested | probes up to 1.10x peak "
-          "| out of memory at (MiB) |")
-    print("|---|---|---|---|---|---|")
+    header = ("| trace | config | min capacity (MiB) | / peak requested | probes up to 1.10x peak "
+              "| out of memory at (MiB) |\n|---|---|---|---|---|---|")
     for config in a.config or [""]:
         for trace in a.traces:
             r = replay(trace, config, ["--min-capacity"])
+            if header:  # after the first replay: bad input leaves no empty table behind
+                print(header)
+                header = ""
             peak = r["peak_requested_bytes"]
             lo, hi = r["min_capacity_bytes"], int(1.10 * peak)
             steps = list(range(lo, max(lo, hi) + 1, STEP))

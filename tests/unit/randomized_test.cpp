@@ -257,7 +257,9 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
     EXPECT_GT(ooms, 0u) << "a tight scenario never ran out of memory";
     // Running short, a mapping pool turns memory-first (config whole_chunk_fraction): the
     // checks above then covered the switch, with blocks of every state on several streams.
-    if (!so.segments) EXPECT_EQ(a.stats().memory_first, 1) << "the pool never turned memory-first";
+    if (!so.segments) {
+      EXPECT_EQ(a.stats().memory_first, 1) << "the pool never turned memory-first";
+    }
   }
   ::testing::Test::RecordProperty("ooms", int(ooms));
   ::testing::Test::RecordProperty("operations", ops);
