@@ -9,7 +9,10 @@
 // hands out), while those long-lived blocks stay. Per pass: cuarena's driver calls (map, unmap,
 // set-access, physical creates and releases), granules moved, and reserved bytes (peak within
 // the pass, and at its end), and how many allocations landed at the address the same block had
-// one pass before (a layout that repeats finds its mappings in place). A converged policy makes
+// one pass before (a layout that repeats finds its mappings in place); the JSON adds where the
+// reserved memory is at each pass's end (Allocator::memory_breakdown: end_in_use_bytes,
+// end_owned_cached_bytes, end_shared_cached_bytes, end_retired_bytes, end_idle_bytes; all but
+// retired add up to reserved_end_bytes). A converged policy makes
 // zero driver calls per pass after a few warm-up passes and its reserved peak stops rising. Frees
 // are made at free_completed, with the simulated clock ticking once per event, as BM_MixedSizes
 // does; lost frees are handled as the replayer's loop handles them
@@ -83,6 +86,7 @@ struct PassFigures {
   std::int64_t same_addr;  // allocations placed where the same block was one pass before
   std::int64_t allocations;
   std::int64_t planned;  // allocations served at their loop-planned offset (config loop_plan)
+  cuarena::Allocator::MemoryBreakdown at_end;  // where the reserved memory is after the pass
 };
 
 std::vector<PassFigures> run(const LoopOps& ops, const std::string& config, int passes) {
@@ -108,15 +112,15 @@ std::vector<PassFigures> run(const LoopOps& ops, const std::string& config, int 
     }
     alloc.check_invariants();
     const cuarena::Stats after = alloc.stats();
-    out.push_back({after.map_calls - before.map_calls, after.unmap_calls - before.unmap_calls,
-                   after.access_calls - before.access_calls,
-                   after.num_device_alloc - before.num_device_alloc,
-                   after.num_device_free - before.num_device_free,
-                   (after.granules_stolen + after.granules_aliased) -
-                       (before.granules_stolen + before.granules_aliased),
-                   after.reserved_bytes[all].peak, after.reserved_bytes[all].current,
-                   after.allocated_bytes[all].current, p == 0 ? 0 : same, allocations,
-                   after.planned_allocations - before.planned_allocations});
+    out.push_back(
+        {after.map_calls - before.map_calls, after.unmap_calls - before.unmap_calls,
+         after.access_calls - before.access_calls, after.num_device_alloc - before.num_device_alloc,
+         after.num_device_free - before.num_device_free,
+         (after.granules_stolen + after.granules_aliased) -
+             (before.granules_stolen + before.granules_aliased),
+         after.reserved_bytes[all].peak, after.reserved_bytes[all].current,
+         after.allocated_bytes[all].current, p == 0 ? 0 : same, allocations,
+         after.planned_allocations - before.planned_allocations, alloc.memory_breakdown()});
   }
   return out;
 }
@@ -171,7 +175,12 @@ int main(int argc, char** argv) {
                         {"allocated_end_bytes", f.allocated_end},
                         {"allocations", f.allocations},
                         {"same_address_allocations", f.same_addr},
-                        {"planned_allocations", f.planned}});
+                        {"planned_allocations", f.planned},
+                        {"end_in_use_bytes", f.at_end.in_use},
+                        {"end_owned_cached_bytes", f.at_end.owned_cached},
+                        {"end_shared_cached_bytes", f.at_end.shared_cached},
+                        {"end_retired_bytes", f.at_end.retired},
+                        {"end_idle_bytes", f.at_end.idle}});
       }
       doc.push_back({{"trace", replay::trace_name(path)},
                      {"config", config},

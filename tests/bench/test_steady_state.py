@@ -34,6 +34,11 @@ def test_every_pass_ends_where_the_first_did(tmp_path):
     assert rows[0]["allocated_end_bytes"] >= doc["long_lived_requested_bytes"]
     for r in rows:
         assert r["reserved_peak_bytes"] >= r["reserved_end_bytes"] >= r["allocated_end_bytes"]
+        # Where the memory is: every reserved byte in exactly one place (a retired alias's
+        # granule is also active where it was re-used, so it is not added).
+        held = (r["end_in_use_bytes"] + r["end_owned_cached_bytes"] +
+                r["end_shared_cached_bytes"] + r["end_idle_bytes"])
+        assert held == r["reserved_end_bytes"], r
     assert rows[0]["device_allocs"] > 0, "the first pass must create the pool"
     # Placement repeats only from one pass to the next: nothing to compare in the first.
     assert rows[0]["same_address_allocations"] == 0
