@@ -13,8 +13,8 @@
 // through a callback how far each completed sweep reached.
 //
 // Invariants kept here: a stream's events are in recording order, covering increasing numbers
-// <= seq, all > done; every stream with an event in flight is in sweeping_; in_flight_ counts
-// the events of all streams; a stream is in unswept_ iff its `unswept` flag is set.
+// up to seq; every stream with an event in flight is in sweeping_; in_flight_ counts the events
+// of all streams; a stream is in unswept_ iff its `unswept` flag is set.
 #pragma once
 
 #include <cstddef>
