@@ -34,6 +34,7 @@ live = {
     "max_reserved": torch.cuda.max_memory_reserved(),
 }
 stats = torch.cuda.memory_stats()
+own = cuarena.stats()
 summary = torch.cuda.memory_summary()
 accel_allocated = torch.accelerator.memory_allocated()
 accel_stats = torch.accelerator.memory_stats()
@@ -70,6 +71,8 @@ emit({
     "base_alloc": base_alloc, "base_req": base_req, "nbytes": nbytes, "live": live,
     "stats": {k: stats.get(k) for k in %r},
     "stats_keys": sorted(stats),
+    "own": {k: own.get(k) for k in ("allocated_bytes.all.current", "reserved_bytes.all.current",
+                                    "cuarena.map_calls", "cuarena.memory_first")},
     "summary": summary,
     "accel_allocated": accel_allocated, "accel_reserved": accel_reserved,
     "accel_stats_allocated": accel_stats.get("allocated_bytes.all.current"),
@@ -143,6 +146,15 @@ def test_empty_cache_and_peaks(r):
     assert r["after_empty"]["allocated"] == r["base_alloc"]
     assert r["after_empty"]["reserved"] < r["after_del"]["reserved"], (r["after_del"],
                                                                      r["after_empty"])
+
+
+def test_cuarena_stats_add_its_own_counters_to_torchs(r):
+    own = r["own"]
+    # No CUDA-graph pool here: cuarena's main allocator holds everything torch counts.
+    assert own["allocated_bytes.all.current"] == r["stats"]["allocated_bytes.all.current"]
+    assert own["reserved_bytes.all.current"] == r["live"]["reserved"]
+    assert own["cuarena.map_calls"] > 0, own  # the tensors' memory was mapped
+    assert own["cuarena.memory_first"] == 0, own  # the default, far from its limit
 
 
 def test_mem_get_info_and_memory_available(r):

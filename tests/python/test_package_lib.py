@@ -70,6 +70,23 @@ int64_t cuarena_memory_available(int d, char* err, size_t n) {
   }
   return ((int64_t)d << 40) + 12345; /* beyond 32 bits */
 }
+/* Two lines, the second past 32 bits; device 5 asks for a retry with a larger buffer. */
+int64_t cuarena_stats(int d, char* buf, size_t n, char* err, size_t errn) {
+  if (d < 0 || d > 7) {
+    if (err) snprintf(err, errn, "stub: no CUDA device %d", d);
+    return -1;
+  }
+  char text[20000];
+  int len = snprintf(text, sizeof text, "cuarena.memory_first %d\nreserved_bytes.all.current %lld\n",
+                     d % 2, (long long)d << 40);
+  if (d == 5) {
+    memset(text + len, 'x', 17000); /* a long key: more than the first buffer holds */
+    len += 17000;
+    len += snprintf(text + len, sizeof text - len, " 7\n");
+  }
+  if (buf && (size_t)len < n) memcpy(buf, text, len + 1);
+  return len;
+}
 const char* stub_last_config(void) { return last; }
 void stub_reset(void) { installed = 0; last[0] = 0; }
 """
@@ -219,6 +236,16 @@ def test_config_dict_values():
         "a:True,b:False,c:0,d:0.25,e:2MiB"
     with pytest.raises(cuarena.ConfigError):
         _api.config_string({"": 1})
+
+
+def test_stats_parse_int64_lines_retry_a_short_buffer_and_carry_errors(stub):
+    s = cuarena.stats(3)
+    assert s == {"cuarena.memory_first": 1, "reserved_bytes.all.current": 3 << 40}
+    assert cuarena.stats(torch.device("cuda", 2))["cuarena.memory_first"] == 0
+    long = cuarena.stats(5)
+    assert long["x" * 17000] == 7 and long["reserved_bytes.all.current"] == 5 << 40
+    with pytest.raises(cuarena.CuarenaError, match="stub: no CUDA device 9"):
+        cuarena.stats(9)
 
 
 def test_memory_available_is_int64_bytes_and_errors_carry_the_message(stub):

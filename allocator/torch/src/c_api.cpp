@@ -61,6 +61,12 @@ std::size_t memory_available(int device) {
   return a->memory_available(c10::DeviceIndex(device));
 }
 
+Stats stats(int device) {
+  TorchAllocator* a = g_installed ? g_installed.get() : g_pluggable.get();
+  TORCH_CHECK(a != nullptr, "cuarena is not installed");
+  return a->main_stats(c10::DeviceIndex(device));
+}
+
 }  // namespace cuarena::torch_adapter
 
 using namespace cuarena;
@@ -119,6 +125,17 @@ int64_t cuarena_memory_available(int device, char* err, size_t errlen) {
   if (guarded(err, errlen, [&] { bytes = cuarena::torch_adapter::memory_available(device); }) != 0)
     return -1;
   return int64_t(bytes);
+}
+
+int64_t cuarena_stats(int device, char* buf, size_t buflen, char* err, size_t errlen) {
+  std::string text;
+  if (guarded(err, errlen, [&] {
+        for (const auto& [key, value] : cuarena::torch_adapter::stats(device).to_map())
+          text += key + " " + std::to_string(value) + "\n";
+      }) != 0)
+    return -1;
+  if (buf != nullptr && text.size() < buflen) std::memcpy(buf, text.c_str(), text.size() + 1);
+  return int64_t(text.size());
 }
 
 void* cuarena_malloc(ssize_t size, int device, cuarena_stream_t stream) {

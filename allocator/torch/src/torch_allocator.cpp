@@ -468,6 +468,8 @@ std::shared_ptr<CUDAAllocator> make_allocator(Config config) {
   return std::make_shared<TorchAllocator>(std::move(config));
 }
 
+Stats TorchAllocator::main_stats(c10::DeviceIndex dev) { return device(dev).main->stats(); }
+
 std::size_t TorchAllocator::memory_available(c10::DeviceIndex dev) {
   Device& d = device(dev);
   c10::cuda::CUDAGuard guard(dev);

@@ -90,6 +90,8 @@ class TorchAllocator final : public CUDAAllocator {
   void* malloc(c10::DeviceIndex device, std::size_t bytes, cudaStream_t stream);
   void free(void* ptr);
   std::size_t memory_available(c10::DeviceIndex device);
+  /// cuarena's statistics of the device's main allocator (its own counters included).
+  Stats main_stats(c10::DeviceIndex device);
   const Config& config() const { return config_; }
 
  private:

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "cuarena/config.hpp"
+#include "cuarena/stats.hpp"
 
 namespace cuarena::torch_adapter {
 
@@ -36,6 +37,9 @@ c10::cuda::CUDACachingAllocator::CUDAAllocator* installed();
 
 /// Bytes a new allocation on `device` could get now (see torch_c_api.h). Throws c10::Error.
 std::size_t memory_available(int device);
+/// The statistics of `device`'s main cuarena allocator (the one PyTorch's ordinary allocations
+/// use; CUDA-graph pools have their own). Throws c10::Error when cuarena is not installed.
+Stats stats(int device);
 
 }  // namespace cuarena::torch_adapter
 

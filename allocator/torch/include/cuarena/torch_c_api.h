@@ -50,6 +50,13 @@ const char* cuarena_config_keys(void);
  * on a device cuarena has not used yet beyond cudaMemGetInfo. */
 int64_t cuarena_memory_available(int device, char* err, size_t errlen);
 
+/* cuarena's own statistics of `device`'s allocator (Stats::to_map: PyTorch's keys and the
+ * `cuarena.*` ones: driver calls, granules moved, memory_first, loop_plans, ...), as lines
+ * "key value\n" (decimal int64), NUL-terminated, written to `buf` when `buflen` holds them all.
+ * Returns the length of the text (without the NUL) whether or not it fit, so a caller can
+ * retry with a larger buffer; -1 on error (message in err). */
+int64_t cuarena_stats(int device, char* buf, size_t buflen, char* err, size_t errlen);
+
 /* --- The pluggable ABI (torch.cuda.memory.CUDAPluggableAllocator) ------------------------- */
 
 /* `size` bytes on `device`, stream-ordered on `stream`. On out of memory, after cuarena's full

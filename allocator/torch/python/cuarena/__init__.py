@@ -30,6 +30,7 @@ from ._api import (
     is_enabled,
     library_path,
     memory_available,
+    stats,
 )
 from ._errors import ConfigError, CuarenaError
 from ._record import DEFAULT_MAX_ENTRIES, Recording, record
@@ -50,5 +51,6 @@ __all__ = [
     "library_path",
     "memory_available",
     "record",
+    "stats",
     "__version__",
 ]

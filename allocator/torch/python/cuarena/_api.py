@@ -120,6 +120,34 @@ def enabled_config() -> str | None:
         return None if _enabled is None else _enabled[0]
 
 
+def _device_index(device: object) -> int:
+    import torch
+
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"expected a CUDA device, got {device}")
+        return device.index if device.index is not None else torch.cuda.current_device()
+    _check_device(device)
+    return int(device)  # type: ignore[arg-type]
+
+
+def stats(device: object = None) -> dict[str, int]:
+    """cuarena's statistics of `device`'s allocator: PyTorch's keys (as
+    ``torch.cuda.memory_stats()`` has them, for the allocator ordinary allocations use) and
+    cuarena's own, prefixed ``cuarena.``: driver calls (``cuarena.map_calls``, ...), granules
+    moved, ``cuarena.memory_first`` (1 once the pool places memory-first: configured, or turned
+    so when it ran short of memory), ``cuarena.loop_plans``, stream-cache hits.
+
+    `device` as for :func:`memory_available`. Thread-safe. Raises :class:`CuarenaError` when
+    cuarena is not installed or the library fails.
+    """
+    from . import _lib
+
+    return _lib.load().stats(_device_index(device))
+
+
 def memory_available(device: object = None) -> int:
     """Bytes a new allocation on `device` could get now: the device's free memory plus what
     cuarena caches and could release or reuse, within per_process_memory_fraction.
@@ -128,20 +156,9 @@ def memory_available(device: object = None) -> int:
     ``torch.cuda.current_device()`` (which initialises CUDA). Thread-safe. Raises
     :class:`CuarenaError` when the library fails (message included) or is missing.
     """
-    import torch
-
     from . import _lib
 
-    if device is None:
-        index = torch.cuda.current_device()
-    elif isinstance(device, torch.device):
-        if device.type != "cuda":
-            raise ValueError(f"expected a CUDA device, got {device}")
-        index = device.index if device.index is not None else torch.cuda.current_device()
-    else:
-        _check_device(device)
-        index = int(device)  # type: ignore[arg-type]
-    return _lib.load().memory_available(index)
+    return _lib.load().memory_available(_device_index(device))
 
 
 def config_keys() -> list[str]:

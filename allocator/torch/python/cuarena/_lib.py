@@ -37,6 +37,7 @@ SIGNATURES = {
     "cuarena_config_check": (_c_int, [_c_char_p, _c_char_p, _c_size_t]),
     "cuarena_config_keys": (_c_char_p, []),
     "cuarena_memory_available": (ctypes.c_int64, [_c_int, _c_char_p, _c_size_t]),
+    "cuarena_stats": (ctypes.c_int64, [_c_int, _c_char_p, _c_size_t, _c_char_p, _c_size_t]),
 }
 # The pluggable ABI (torch.cuda.memory.CUDAPluggableAllocator calls these, not Python); typed
 # here as well, but a library without them still loads.
@@ -124,6 +125,24 @@ class Library:
         if value < 0:
             raise CuarenaError(_message(err, f"cuarena_memory_available({device}) failed"))
         return value
+
+
+    def stats(self, device: int) -> dict[str, int]:
+        err = ctypes.create_string_buffer(_ERRLEN)
+        size = 1 << 14
+        while True:  # the C side says how long the text is: grow once if it did not fit
+            buf = ctypes.create_string_buffer(size)
+            n = self._dll.cuarena_stats(device, buf, size, err, _ERRLEN)
+            if n < 0:
+                raise CuarenaError(_message(err, f"cuarena_stats({device}) failed"))
+            if n < size:
+                break
+            size = n + 1
+        out = {}
+        for line in buf.value.decode().splitlines():
+            key, value = line.rsplit(" ", 1)
+            out[key] = int(value)
+        return out
 
 
 def _message(err: ctypes.Array, fallback: str) -> str:
