@@ -408,6 +408,7 @@ bool BlockPool::finished(const Arena& a, std::size_t g) const {
 void BlockPool::turn_memory_first() {
   if (merged_ || segments_) return;
   merged_ = true;
+  turned_ = true;
   ctx_.stats.memory_first = 1;
   mappings_.stop_whole_chunks();
   // What memory first keeps for owned free blocks and default mode did not: an index by
@@ -438,7 +439,19 @@ std::size_t BlockPool::release_cached() {
   while (!warm_.empty()) unmap_interior(warm_.front(), SIZE_MAX, Take::kAll);
   // Dormant mappings keep their chunks from being released.
   for (auto& arena : arenas_) mappings_.unmap_all_dormant(*arena);
-  return mappings_.release_idle_chunks();
+  const std::size_t released = mappings_.release_idle_chunks();
+  // A pool that turned memory-first when it ran short goes back to the default once it holds
+  // less than half of where it turned, if no free block is owned (the default keeps owned free
+  // blocks fully mapped; empty_cache() has waited for every stream, so none is left then).
+  bool owned = false;
+  for (const auto& [id, sp] : streams_) owned |= !sp.fifo.empty() || !sp.retired.empty();
+  if (turned_ && !owned &&
+      double(ctx_.reserved()) < 0.5 * ctx_.config.whole_chunk_fraction * double(ctx_.limit)) {
+    merged_ = turned_ = false;
+    ctx_.stats.memory_first = 0;
+    mappings_.resume_whole_chunks();
+  }
+  return released;
 }
 
 std::size_t BlockPool::release_free_segments() {

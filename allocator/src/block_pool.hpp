@@ -138,10 +138,11 @@ class BlockPool {
   void poll_sweeps();
   /// Blocks until every stream's free and retired blocks are shared (out-of-memory path).
   void synchronize();
-  /// Turns the pool memory-first for good (as whole_chunk_min:0): one best fit over owned and
-  /// shared blocks, finished granules of owned blocks may move, no new whole chunks. For a
-  /// pool that ran short of memory: fewer bytes for more driver calls. A no-op in segment mode
-  /// or when already memory-first.
+  /// Turns the pool memory-first (as whole_chunk_min:0): one best fit over owned and shared
+  /// blocks, finished granules of owned blocks may move, no new whole chunks. For a pool that
+  /// ran short of memory: fewer bytes for more driver calls. It stays so until
+  /// release_cached() leaves it holding less than half of where it turned. A no-op in segment
+  /// mode or when already memory-first.
   void turn_memory_first();
   bool memory_first() const { return merged_; }
 
@@ -322,6 +323,7 @@ class BlockPool {
   // driver calls; the default keeps owned blocks fully mapped and tries them first
   // (own_then_shared).
   bool merged_;
+  bool turned_ = false;  // merged_ by turn_memory_first(), not by the config
 };
 
 }  // namespace cuarena::detail

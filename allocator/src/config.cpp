@@ -204,8 +204,9 @@ const ConfigTable<Config>& Config::table() {
                    std::to_string(detail::tuning::kWholeChunkReservedShare) + " rule)"),
       real_key("whole_chunk_fraction", &C::whole_chunk_fraction, 0.0, 1.0, false,
                "when reserved memory is to pass this fraction of the limit, the pool turns "
-               "memory first for good (as whole_chunk_min:0: single granules that can move, "
-               "best fit over every block): fewer bytes for more driver calls; 1: never"),
+               "memory first (as whole_chunk_min:0: single granules that can move, best fit "
+               "over every block) until an empty_cache() leaves it below half that: fewer bytes "
+               "for more driver calls; 1: never"),
       uint_key("dormant_maps", &C::dormant_maps, 0, 64,
                "old mappings a moved granule keeps (dormant), so its old address takes it back "
                "with no driver call; 0: unmap at once"),

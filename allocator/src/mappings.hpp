@@ -116,6 +116,8 @@ class Mappings {
   bool fill(Backing& r, std::size_t soft);
   /// From now on, fresh memory comes as movable single granules only (memory first).
   void stop_whole_chunks() { singles_only_ = true; }
+  /// Whole chunks again, where whole_chunk_min says (the pool left memory first).
+  void resume_whole_chunks() { singles_only_ = false; }
   /// Maps r's holes in `a` (unmapping their dormant mappings first), granting access once per
   /// nearby runs. Precondition: fill(r) returned true.
   void map(Arena& a, const Backing& r);

@@ -36,6 +36,45 @@ TEST(WholeChunk, ALongerRunIsCutIntoEqualChunks) {
   a.check_invariants();
 }
 
+// Past 75% of the limit the pool turns memory-first (single granules, one best fit over every
+// block) and stays so while it holds much; an empty_cache() that leaves it under half of that
+// turns it back: whole chunks again. A pool configured memory-first stays so.
+TEST(WholeChunk, TheTurnToMemoryFirstLastsUntilAnEmptyCacheLeavesLittle) {
+  SimBackend sim(sim_options(100 * MiB));
+  Allocator a(sim, Config::parse("small_limit:512"));
+  void* big = a.allocate(40 * MiB, 1);  // whole chunks
+  const std::size_t whole = sim.live_whole_chunks();
+  EXPECT_GE(whole, 1u);
+  EXPECT_EQ(a.stats().memory_first, 0);
+  void* b = a.allocate(50 * MiB, 1);  // 90 MiB: past 75 MiB
+  EXPECT_EQ(a.stats().memory_first, 1);
+  a.check_invariants();
+  a.deallocate(b);
+  a.release_cached();  // 40 MiB still held: above half of 75 MiB, so it stays
+  EXPECT_EQ(a.stats().memory_first, 1);
+  const std::size_t chunks = sim.live_chunks();
+  void* c = a.allocate(16 * MiB, 1);  // fresh memory in single granules: one movable chunk
+  EXPECT_EQ(sim.live_whole_chunks(), whole);
+  EXPECT_EQ(sim.live_chunks(), chunks + 1);
+  a.check_invariants();
+  a.deallocate(c);
+  a.deallocate(big);
+  a.release_cached();  // nothing held: back to the default
+  EXPECT_EQ(a.stats().memory_first, 0);
+  a.check_invariants();
+  void* d = a.allocate(32 * MiB, 1);  // a whole chunk again
+  EXPECT_EQ(sim.live_whole_chunks(), 1u);
+  EXPECT_EQ(sim.live_chunks(), 1u);
+  a.deallocate(d);
+  a.check_invariants();
+
+  SimBackend sim2(sim_options(100 * MiB));
+  Allocator mf(sim2, Config::parse("small_limit:512,whole_chunk_min:0"));
+  mf.deallocate(mf.allocate(82 * MiB, 1));
+  mf.release_cached();
+  EXPECT_EQ(mf.stats().memory_first, 1);
+}
+
 TEST(WholeChunk, NearTheLimitFreshMemoryComesInSingleGranules) {
   // 32 MiB as one whole chunk; then 50 MiB would pass 75% of the 100 MiB limit, so it comes in
   // single granules, which can move wherever they are needed.

@@ -47,10 +47,11 @@ struct Config {
   /// (~55 us on an H200). 0: only the 1/16 rule.
   std::size_t whole_chunk_max = std::size_t{128} << 20;
   /// When reserved memory is to pass this fraction of the limit (memory is short), the large
-  /// pool turns memory-first for good, as whole_chunk_min:0 places from the start: fresh memory
-  /// comes as single granules, which can move wherever they are needed, placed by one best fit
-  /// over the stream's own and the shared blocks. Fewer bytes for more driver calls, so a job
-  /// near its limit fits where whole chunks would strand memory. 1: never.
+  /// pool turns memory-first, as whole_chunk_min:0 places from the start: fresh memory comes as
+  /// single granules, which can move wherever they are needed, placed by one best fit over the
+  /// stream's own and the shared blocks. Fewer bytes for more driver calls, so a job near its
+  /// limit fits where whole chunks would strand memory. It turns back when an empty_cache()
+  /// (release_cached) leaves reserved memory below half this fraction. 1: never.
   double whole_chunk_fraction = 0.75;
   /// Dormant mappings each physical granule may keep. When a cached granule moves to back
   /// another address, its old mapping stays (dormant) instead of being unmapped, so a later

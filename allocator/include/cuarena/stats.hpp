@@ -71,8 +71,9 @@ struct Stats {
   std::int64_t stream_cache_hits = 0;    ///< allocations served from a stream cache (no lock)
   std::int64_t stream_cached_bytes = 0;  ///< current: bytes of freed blocks parked in them
   std::int64_t loop_plans = 0;           ///< loop plans put in use (config loop_plan)
-  /// 1 once the large pool places memory-first: whole_chunk_min:0, or turned so for good when
-  /// reserved memory was to pass whole_chunk_fraction of the limit.
+  /// 1 while the large pool places memory-first: whole_chunk_min:0, or turned so when reserved
+  /// memory was to pass whole_chunk_fraction of the limit (until an empty_cache() leaves it
+  /// below half of that).
   std::int64_t memory_first = 0;
   std::int64_t planned_allocations = 0;  ///< allocations served at their planned offset
 
