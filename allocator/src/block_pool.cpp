@@ -443,14 +443,15 @@ std::size_t BlockPool::release_cached() {
   // A pool that turned memory-first when it ran short goes back to the default once it holds
   // less than half of where it turned, if no free block is owned (the default keeps owned free
   // blocks fully mapped; empty_cache() has waited for every stream, so none is left then).
-  bool owned = false;
-  for (const auto& [id, sp] : streams_) owned |= !sp.fifo.empty() || !sp.retired.empty();
-  if (turned_ && !owned &&
-      double(ctx_.reserved()) < 0.5 * ctx_.config.whole_chunk_fraction * double(ctx_.limit)) {
-    merged_ = turned_ = false;
-    ctx_.stats.memory_first = 0;
-    mappings_.resume_whole_chunks();
+  if (!turned_ ||
+      double(ctx_.reserved()) >= 0.5 * ctx_.config.whole_chunk_fraction * double(ctx_.limit))
+    return released;
+  for (const auto& [id, sp] : streams_) {
+    if (!sp.fifo.empty() || !sp.retired.empty()) return released;
   }
+  merged_ = turned_ = false;
+  ctx_.stats.memory_first = 0;
+  mappings_.resume_whole_chunks();
   return released;
 }
 
