@@ -443,8 +443,9 @@ std::size_t BlockPool::release_cached() {
   // A pool that turned memory-first when it ran short goes back to the default once it holds
   // less than half of where it turned, if no free block is owned (the default keeps owned free
   // blocks fully mapped; empty_cache() has waited for every stream, so none is left then).
-  if (!turned_ ||
-      double(ctx_.reserved()) >= 0.5 * ctx_.config.whole_chunk_fraction * double(ctx_.limit))
+  if (!turned_ || double(ctx_.reserved()) >= tuning::kMemoryFirstTurnBackShare *
+                                                 ctx_.config.whole_chunk_fraction *
+                                                 double(ctx_.limit))
     return released;
   for (const auto& [id, sp] : streams_) {
     if (!sp.fifo.empty() || !sp.retired.empty()) return released;

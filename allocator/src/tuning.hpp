@@ -59,6 +59,10 @@ inline constexpr std::size_t kWholeChunkReservedShare = 16;
 /// ... but the share never caps a chunk below this, so the first chunks of a process are not a
 /// few granules each (one driver call per chunk is what whole chunks save).
 inline constexpr std::size_t kWholeChunkMinCap = 32 * MiB;
+/// A pool turned memory-first near its limit (whole_chunk_fraction) turns back at a
+/// release_cached() that leaves it below this share of that fraction: far enough under it that
+/// a job hovering at the fraction does not flip at every empty_cache().
+inline constexpr double kMemoryFirstTurnBackShare = 0.5;
 
 // --- Driver calls ------------------------------------------------------------------------------
 
