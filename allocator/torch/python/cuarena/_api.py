@@ -137,8 +137,9 @@ def stats(device: object = None) -> dict[str, int]:
     """cuarena's statistics of `device`'s allocator: PyTorch's keys (as
     ``torch.cuda.memory_stats()`` has them, for the allocator ordinary allocations use) and
     cuarena's own, prefixed ``cuarena.``: driver calls (``cuarena.map_calls``, ...), granules
-    moved, ``cuarena.memory_first`` (1 once the pool places memory-first: configured, or turned
-    so when it ran short of memory), ``cuarena.loop_plans``, stream-cache hits.
+    moved, ``cuarena.memory_first`` (1 while the pool places memory-first: configured, or turned
+    so when it ran short of memory, until an ``empty_cache()`` leaves it low),
+    ``cuarena.loop_plans``, stream-cache hits.
 
     `device` as for :func:`memory_available`. Thread-safe. Raises :class:`CuarenaError` when
     cuarena is not installed or the library fails.
