@@ -26,6 +26,13 @@
 //                               exactly what `cuarena replay --backend sim` does per device
 //                               (including its second partial run that measures fragmentation at
 //                               the peak). Time per replay; items/s = trace events/s.
+//   BM_CallLatency/<trace>      one replay of the trace through a fresh Allocator (as a GPU
+//                               replay row runs it), each allocate and deallocate timed alone.
+//                               Counters alloc_p50/p99_ns, free_p50/p99_ns over every call of
+//                               every iteration: the host cost of the policy on the simulator,
+//                               the figure to watch when moving work off the free path (the
+//                               GPU's free p99 adds event calls to it). CUARENA_CONF sets the
+//                               configuration (default: the default).
 //   BM_MultiStream/.../threads:N  N host threads, each on its own stream (thread_index + 1),
 //                               allocating and freeing a 64 KiB (slab) and a 4 MiB (block pool)
 //                               block per iteration on one shared Allocator. Wall-clock time;
@@ -39,6 +46,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -246,6 +254,66 @@ BENCHMARK_CAPTURE(BM_MixedSizes, moe_train_memory_first, "moe_train", "whole_chu
 BENCHMARK_CAPTURE(BM_MixedSizes, resnet50_amp, "resnet50_amp", "")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MixedSizes, resnet50_amp_memory_first, "resnet50_amp", "whole_chunk_min:0")
     ->Unit(benchmark::kMillisecond);
+
+// ---------------------------------------------------------------------------------------------
+// BM_CallLatency/<trace>: per-call host latency of allocate and deallocate over one fresh replay.
+
+double percentile(std::vector<double>& v, double q) {
+  if (v.empty()) return 0.0;
+  const auto k = static_cast<std::size_t>(q * double(v.size() - 1));
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(k), v.end());
+  return v[k];
+}
+
+void BM_CallLatency(benchmark::State& state, const char* trace_name) {
+  const OpStream stream = compile_ops(trace_name);
+  if (!stream.error.empty()) {
+    state.SkipWithError(stream.error.c_str());
+    return;
+  }
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> alloc_ns, free_ns;
+  try {
+    for (auto _ : state) {
+      state.PauseTiming();
+      SimBackend sim;
+      auto alloc = std::make_unique<Allocator>(sim, cuarena::Config::from_env());
+      std::vector<void*> slots(stream.trace.slots, nullptr);
+      state.ResumeTiming();
+      for (const cuarena::bench::TraceOp& op : stream.trace.ops) {
+        sim.advance(1);
+        const auto t0 = Clock::now();
+        if (op.alloc) {
+          slots[op.slot] = alloc->allocate(op.size, stream.trace.stream_handles[op.stream]);
+        } else {
+          alloc->deallocate(slots[op.slot]);
+        }
+        const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+        (op.alloc ? alloc_ns : free_ns).push_back(ns);
+      }
+      state.PauseTiming();
+      const bool clean = check_clean(state, *alloc);
+      alloc.reset();
+      state.ResumeTiming();
+      if (!clean) return;
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  state.counters["alloc_p50_ns"] = percentile(alloc_ns, 0.50);
+  state.counters["alloc_p99_ns"] = percentile(alloc_ns, 0.99);
+  state.counters["free_p50_ns"] = percentile(free_ns, 0.50);
+  state.counters["free_p99_ns"] = percentile(free_ns, 0.99);
+  state.SetLabel(stream.label);
+}
+BENCHMARK_CAPTURE(BM_CallLatency, gpt2_train, "gpt2_train")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_CallLatency, resnet50_amp, "resnet50_amp")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_CallLatency, bert_varlen_infer, "bert_varlen_infer")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_CallLatency, vit_multistream, "vit_multistream")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_CallLatency, moe_train, "moe_train")->Unit(benchmark::kMillisecond);
 
 // ---------------------------------------------------------------------------------------------
 // BM_SimReplay/<trace>: end-to-end replay throughput of the simulator, per recorded trace.

@@ -30,8 +30,10 @@ const Block* BlockPool::active_holder(PhysRef p) const {
   // A whole chunk moves only if one free block holds all of its active mapping.
   const Mappings::Extent e = mapping_extent(p, active.front().granule);
   const Block* b = free_holder(a, e.first);
-  for (std::size_t k = e.first + 1; k < e.first + e.count && b != nullptr; ++k)
-    if (free_holder(a, k) != b) b = nullptr;
+  if (b == nullptr || b->end() < a.granule_addr(e.first + e.count)) return nullptr;
+  // Every granule of the extent lies in b: only their finish needs a look (one lookup each).
+  for (std::size_t k = e.first + 1; k < e.first + e.count && !b->shared; ++k)
+    if (!finished(a, k)) return nullptr;
   return b;
 }
 
