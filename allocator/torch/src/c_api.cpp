@@ -48,6 +48,15 @@ TorchAllocator& plug() {
   return *g_pluggable;
 }
 
+/// The allocator serving this process: the installed one, else the pluggable ABI's. Throws
+/// c10::Error when neither is. (Neither is ever replaced or destroyed once set.)
+TorchAllocator& serving() {
+  std::lock_guard lock(g_install_mu);
+  TorchAllocator* a = g_installed ? g_installed.get() : g_pluggable.get();
+  TORCH_CHECK(a != nullptr, "cuarena is not installed");
+  return *a;
+}
+
 }  // namespace
 
 c10::cuda::CUDACachingAllocator::CUDAAllocator* installed() {
@@ -56,16 +65,10 @@ c10::cuda::CUDACachingAllocator::CUDAAllocator* installed() {
 }
 
 std::size_t memory_available(int device) {
-  TorchAllocator* a = g_installed ? g_installed.get() : g_pluggable.get();
-  TORCH_CHECK(a != nullptr, "cuarena is not installed");
-  return a->memory_available(c10::DeviceIndex(device));
+  return serving().memory_available(c10::DeviceIndex(device));
 }
 
-Stats stats(int device) {
-  TorchAllocator* a = g_installed ? g_installed.get() : g_pluggable.get();
-  TORCH_CHECK(a != nullptr, "cuarena is not installed");
-  return a->main_stats(c10::DeviceIndex(device));
-}
+Stats stats(int device) { return serving().main_stats(c10::DeviceIndex(device)); }
 
 }  // namespace cuarena::torch_adapter
 
