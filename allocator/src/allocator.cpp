@@ -238,8 +238,12 @@ class Allocator::Impl {
     sync_inactive();
   }
 
-  Stats stats() const {
+  // The readers below settle the pool first (BlockPool::settle): what they report is the pool
+  // as if every completed sweep had been shared at its free. (Impl's readers need not be const:
+  // Allocator's const readers reach them through impl_.)
+  Stats stats() {
     std::lock_guard lock(mu_);
+    pool_.settle();
     fold_caches();
     sync_inactive();
     return stats_;
@@ -298,12 +302,13 @@ class Allocator::Impl {
     return out;
   }
 
-  std::vector<SegmentInfo> segments() const {
+  std::vector<SegmentInfo> segments() {
     using State = SegmentInfo::State;
     std::vector<std::pair<DevicePtr, std::size_t>> runs;
     std::vector<SegmentInfo::Piece> used;  // live and pending-free allocations
     {
       std::lock_guard lock(mu_);
+      pool_.settle();
       pool_.mapped_runs(runs);
       for (const PendingFree& pf : pending_)
         used.push_back(
@@ -334,8 +339,9 @@ class Allocator::Impl {
     return out;
   }
 
-  Fragmentation fragmentation() const {
+  Fragmentation fragmentation() {
     std::lock_guard lock(mu_);
+    pool_.settle();
     fold_caches();
     Fragmentation f;
     std::size_t slab_total = 0, slab_largest = 0;
@@ -357,8 +363,9 @@ class Allocator::Impl {
     return f;
   }
 
-  MemoryBreakdown memory_breakdown() const {
+  MemoryBreakdown memory_breakdown() {
     std::lock_guard lock(mu_);
+    pool_.settle();
     fold_caches();
     const detail::BlockPool::Breakdown b = pool_.breakdown();
     std::size_t slab_free = 0, largest = 0;

@@ -108,9 +108,10 @@ void BlockPool::remove_free(Block* b) {
   if (Lru::contains(b)) warm_.erase(b);
 }
 
-bool BlockPool::mergeable(const Block* a, const Block* b) {
+bool BlockPool::mergeable(const Block* a, const Block* b) const {
   if (!a->is_free() || !b->is_free() || a->shared != b->shared) return false;
-  return a->shared || a->stream == b->stream;
+  // A block whose sharing is owed waits for it before merging with anything.
+  return a->shared || (a->stream == b->stream && !owes(a) && !owes(b));
 }
 
 void BlockPool::absorb(Block* lower, Block* upper) {
@@ -189,6 +190,7 @@ Block* BlockPool::split_allocated(Block* b, DevicePtr at) {
 
 Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if (size > ctx_.limit) return nullptr;  // can never fit: do not even reserve address space
+  settle();
   StreamPool& sp = stream_pool(stream);
   // A miss on the stream's own blocks first lets finished streams' blocks become shared.
   if (sp.free.lower_bound(size) == sp.free.end()) poll_sweeps();
@@ -296,13 +298,32 @@ void BlockPool::deallocate(Block* b) {
   // Keep one sweep in flight per stream, checked every sweep_interval frees, so blocks freed a
   // while ago are already shared when another stream or a shortage needs them.
   if (sp.seq % ctx_.config.sweep_interval != 0) return;
-  poll_stream(sp);
+  if (lazy_shares()) {
+    // Sharing what a completed sweep covers is owed to the pool's next request (settle()): the
+    // free stays a few set operations, and only a request can reuse what is shared.
+    sweeps_.poll(sp, [&](std::uint64_t covered) { owed_.push_back({&sp, covered}); });
+  } else {
+    poll_stream(sp);
+  }
   start_sweep(sp);
+}
+
+void BlockPool::settle() {
+  // In the order the sweeps completed, as if each had been shared at its poll.
+  for (const auto& [sp, covered] : owed_) share_covered(*sp, covered);
+  owed_.clear();
+}
+
+bool BlockPool::owes(const Block* b) const {
+  if (owed_.empty() || b->allocated || b->shared) return false;
+  const auto it = streams_.find(b->stream);
+  return it != streams_.end() && b->free_seq <= it->second.done;
 }
 
 Block* BlockPool::reserve_lazy(std::size_t size, StreamId stream) {
   if (segments_) return try_allocate(size, stream);
   if (size > ctx_.limit) return nullptr;
+  settle();
   // The range gets an arena of its own, so the pool's blocks stay where they would be: one an
   // earlier plan left wholly free with nothing mapped (not even dormant), else a new one. (A
   // plan is made again after every empty_cache(), and arenas are never given back.)
@@ -332,6 +353,7 @@ bool BlockPool::back_part(Block* b, DevicePtr addr, std::size_t size, StreamId s
       b->allocated && (b->lazy || segments_) && addr >= b->addr && addr + size <= b->end(),
       "back_part: the part must lie inside a lazy allocated block");
   if (segments_) return true;  // backed whole
+  settle();
   return ensure_mapped(b, addr, size, stream);
 }
 
@@ -352,11 +374,13 @@ void BlockPool::share_covered(StreamPool& sp, std::uint64_t covered) {
 }
 
 void BlockPool::record_sweeps() {
+  settle();
   // Covers everything each listed stream freed, or has nothing new to cover.
   sweeps_.record_all([&](StreamSweeps::Stream& s) { start_sweep(static_cast<StreamPool&>(s)); });
 }
 
 void BlockPool::poll_sweeps() {
+  settle();
   sweeps_.poll_all([&](StreamSweeps::Stream& s, std::uint64_t covered) {
     share_covered(static_cast<StreamPool&>(s), covered);
   });
@@ -407,6 +431,7 @@ bool BlockPool::finished(const Arena& a, std::size_t g) const {
 
 void BlockPool::turn_memory_first() {
   if (merged_ || segments_) return;
+  settle();
   merged_ = true;
   turned_ = true;
   ctx_.stats.memory_first = 1;
@@ -435,6 +460,7 @@ void BlockPool::synchronize() {
 }
 
 std::size_t BlockPool::release_cached() {
+  settle();
   if (segments_) return release_free_segments();
   while (!warm_.empty()) unmap_interior(warm_.front(), SIZE_MAX, Take::kAll);
   // Dormant mappings keep their chunks from being released.

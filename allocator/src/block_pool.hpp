@@ -8,7 +8,9 @@
 //   * shared free: an event recorded on its last stream after the free has completed (or it was
 //     never used). Any stream may reuse it, and its wholly-contained mapped granules may be
 //     unmapped at once ("stolen") to back another request. In the shared size index and, while
-//     it may hold mapped granules, in the LRU list `warm_`.
+//     it may hold mapped granules, in the LRU list `warm_`. (In default mode a free that finds
+//     the event completed leaves the sharing owed to the next request, settle(): until then the
+//     block stays indexed as owned, and merges with nothing.)
 //   * retired: granule-aligned part of an owned block whose physical granules were re-mapped
 //     (aliased) under another request of the same stream. Its old mapping stays until a sweep
 //     event on S shows S's earlier work is done; then it is unmapped and becomes shared. In S's
@@ -138,6 +140,11 @@ class BlockPool {
   void poll_sweeps();
   /// Blocks until every stream's free and retired blocks are shared (out-of-memory path).
   void synchronize();
+  /// Shares what completed sweeps cover and frees left owed (lazy_shares()), in the order they
+  /// completed. Every entry point but deallocate() calls it first; readers of the pool's state
+  /// (statistics, snapshots) call it too. No driver call but the unmaps of dropped aliases
+  /// (dormant_maps:0).
+  void settle();
   /// Turns the pool memory-first (as whole_chunk_min:0): one best fit over owned and shared
   /// blocks, finished granules of owned blocks may move, no new whole chunks. For a pool that
   /// ran short of memory: fewer bytes for more driver calls. It stays so until
@@ -215,7 +222,7 @@ class BlockPool {
   /// join warm_ when `warm`.
   void insert_free(Block* b, Block* fifo_pos = nullptr, bool warm = true);
   void remove_free(Block* b);
-  static bool mergeable(const Block* a, const Block* b);
+  bool mergeable(const Block* a, const Block* b) const;
   Block* coalesce(Block* b);  // merges detached free b with its neighbours
   /// Folds `upper` into its lower neighbour `lower` and deletes it. The lower-address object
   /// survives, so an arena's first block never goes away.
@@ -225,6 +232,14 @@ class BlockPool {
   /// Stamps the granules b covers with its stream and free_seq (Arena::FreeStamp).
   void stamp(const Block* b);
 
+  /// Default mode shares lazily: a free that finds a sweep completed leaves the sharing it
+  /// covers owed (owed_), and every entry point but deallocate() settles first. A block owed
+  /// merges with nothing (mergeable()), so every request, and every coalescing, sees the pool
+  /// as if the sweep had been shared at the free. Memory first and segment mode share at once
+  /// (their frees absorb shared neighbours, and warm_ is ordered by the time shared).
+  bool lazy_shares() const { return !merged_ && !segments_; }
+  /// b is an owned free or retired block that a completed sweep covers, its sharing owed.
+  bool owes(const Block* b) const;
   /// Records a sweep on sp's stream if it has free or retired blocks no sweep covers yet.
   void start_sweep(StreamPool& sp) {
     if (!sp.fifo.empty() || !sp.retired.empty()) sweeps_.record(sp);
@@ -313,6 +328,8 @@ class BlockPool {
   SizeIndex shared_free_;
   std::map<DevicePtr, Block*> free_by_addr_;  // shared and owned free blocks by address
   IntrusiveList<Block, &Block::lru> warm_;    // LRU: front = freed longest ago
+  // Sharing owed by completed sweeps, in completion order: (stream, free number covered).
+  std::vector<std::pair<StreamPool*, std::uint64_t>> owed_;
   std::size_t free_blocks_ = 0;
   StreamId last_stream_ = 0;  // stream_pool()'s one-entry cache
   StreamPool* last_sp_ = nullptr;

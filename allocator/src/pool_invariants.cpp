@@ -94,6 +94,10 @@ void BlockPool::check_invariants() const {
     }
   }
   if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");
+  // Sharing is owed only in default mode, never beyond what a stream's sweeps completed.
+  if (!owed_.empty() && !lazy_shares()) broken("sharing owed outside default mode");
+  for (const auto& [sp, covered] : owed_)
+    if (covered > sp->done) broken("sharing owed past a stream's completed sweeps");
   if (segment_bytes != mappings_.segment_bytes()) broken("segment bytes disagree with the arenas");
   if (segments_ && !warm_.empty()) broken("a segment block is in the LRU list");
   mappings_.phys().check_invariants(arenas, ctx_.reserved() - mappings_.segment_bytes());

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <set>
+#include <vector>
 
 #include "test_support.hpp"
 
@@ -175,6 +176,48 @@ TEST(StreamOrder, CrossStreamStealingWaitsForTheEvent) {
   a.deallocate(q);
   a.deallocate(r);
   a.check_invariants();
+}
+
+// The default shares lazily: a free that finds a sweep completed leaves what it covers owed to
+// the next request. Both tests free, on stream 1, blocks laid out p[0] | p[1] | ... so that a
+// later free lands between blocks whose sharing is owed; every 2nd free checks the sweeps.
+struct OwedSharing : ::testing::Test {
+  static constexpr std::size_t kBlock = 2 * MiB;
+  SimBackend sim{sim_options(1 * GiB, 1)};
+  Allocator a{sim, Config::parse("small_limit:512,sweep_interval:2")};
+  std::vector<void*> p;
+
+  void SetUp() override {
+    for (int i = 0; i < 6; ++i) p.push_back(a.allocate(kBlock, 1));
+    for (int i = 1; i < 6; ++i)
+      ASSERT_EQ(addr(p[i]), addr(p[i - 1]) + kBlock) << "the test needs adjacent blocks";
+    a.deallocate(p[0]);
+    a.deallocate(p[2]);  // 2nd free: a sweep covering p[0] and p[2] is recorded
+    sim.advance(1);      // ... and completes
+    a.deallocate(p[5]);
+    a.deallocate(p[4]);  // 4th free: the sweep is found completed; sharing p[0], p[2] is owed
+    a.check_invariants();
+  }
+};
+
+TEST_F(OwedSharing, AFreeBesideBlocksOwedSharingLeavesThemToBeShared) {
+  a.deallocate(p[1]);  // between p[0] and p[2]: absorbing them would keep them owned
+  a.check_invariants();
+  const Allocator::MemoryBreakdown m = a.memory_breakdown();
+  // As if shared at the 4th free: p[0] and p[2] shared; p[1] and p[4]+p[5] owned.
+  EXPECT_EQ(m.owned_cached, 3 * kBlock);
+  EXPECT_GE(m.shared_cached, 2 * kBlock);
+  a.deallocate(p[3]);
+}
+
+TEST_F(OwedSharing, ARequestSeesWhatTheFreesLeftOwed) {
+  const std::int64_t before = reserved(a);
+  void* q = a.allocate(kBlock, 2);  // stream 2 owns nothing: only a shared block serves it
+  EXPECT_TRUE(q == p[0] || q == p[2]) << "stream 2 did not get a block the sweep shared";
+  EXPECT_EQ(a.stats().cross_stream_reuses, 1);
+  EXPECT_EQ(reserved(a), before);
+  a.check_invariants();
+  for (void* x : {q, p[1], p[3]}) a.deallocate(x);
 }
 
 }  // namespace
