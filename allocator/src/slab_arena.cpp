@@ -32,12 +32,20 @@ Slab* SlabArena::new_slab(std::size_t cls, StreamId stream) {
       std::min(Slab::kMaxSlots, std::max<std::size_t>(1, ctx_.config.slab_size / slot));
   Block* block = pool_.try_allocate(slots * slot, stream);
   if (block == nullptr) return nullptr;
-  auto* s = new Slab;
+  Slab* s = nullptr;
+  if (spare_.empty()) {
+    s = new Slab;
+  } else {
+    s = spare_.back().release();
+    spare_.pop_back();
+  }
   s->block = block;
   s->stream = stream;
   s->cls = std::uint32_t(cls);
   s->slot_size = slot;
   s->slots = std::uint32_t(slots);
+  s->used = s->bumped = 0;
+  s->freed.clear();  // keeps its capacity
   all_.push_back(s);
   slab_bytes_ += block->size;
   ++ctx_.stats.slabs_created;
@@ -58,7 +66,8 @@ void SlabArena::release(Slab* s) {
   slab_bytes_ -= s->block->size;
   all_.erase(s);
   pool_.deallocate(s->block);
-  delete s;
+  s->block = nullptr;
+  spare_.emplace_back(s);
 }
 
 DevicePtr SlabArena::allocate(std::size_t cls, StreamId stream, Slab*& slab) {

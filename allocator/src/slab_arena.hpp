@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -73,6 +74,10 @@ class SlabArena {
   StreamId last_stream_ = 0;  // stream_classes()'s one-entry cache
   std::vector<ClassState>* last_classes_ = nullptr;
   IntrusiveList<Slab, &Slab::all> all_;  // every live slab, full ones included
+  // Released slabs' host records, reused by new_slab(): a lone small block empties and remakes
+  // its slab on every allocate/free pair, and this keeps that pair off the heap (the record and
+  // its freed-slot vector). Bounded by the most slabs ever live at once.
+  std::vector<std::unique_ptr<Slab>> spare_;
   std::size_t slab_bytes_ = 0;
 };
 
