@@ -238,12 +238,8 @@ class Allocator::Impl {
     sync_inactive();
   }
 
-  // The readers below settle the pool first (BlockPool::settle): what they report is the pool
-  // as if every completed sweep had been shared at its free. (Impl's readers need not be const:
-  // Allocator's const readers reach them through impl_.)
-  Stats stats() {
+  Stats stats() const {
     std::lock_guard lock(mu_);
-    pool_.settle();
     fold_caches();
     sync_inactive();
     return stats_;
@@ -302,13 +298,12 @@ class Allocator::Impl {
     return out;
   }
 
-  std::vector<SegmentInfo> segments() {
+  std::vector<SegmentInfo> segments() const {
     using State = SegmentInfo::State;
     std::vector<std::pair<DevicePtr, std::size_t>> runs;
     std::vector<SegmentInfo::Piece> used;  // live and pending-free allocations
     {
       std::lock_guard lock(mu_);
-      pool_.settle();
       pool_.mapped_runs(runs);
       for (const PendingFree& pf : pending_)
         used.push_back(
@@ -339,9 +334,8 @@ class Allocator::Impl {
     return out;
   }
 
-  Fragmentation fragmentation() {
+  Fragmentation fragmentation() const {
     std::lock_guard lock(mu_);
-    pool_.settle();
     fold_caches();
     Fragmentation f;
     std::size_t slab_total = 0, slab_largest = 0;
@@ -363,9 +357,8 @@ class Allocator::Impl {
     return f;
   }
 
-  MemoryBreakdown memory_breakdown() {
+  MemoryBreakdown memory_breakdown() const {
     std::lock_guard lock(mu_);
-    pool_.settle();
     fold_caches();
     const detail::BlockPool::Breakdown b = pool_.breakdown();
     std::size_t slab_free = 0, largest = 0;

@@ -302,6 +302,8 @@ void BlockPool::deallocate(Block* b) {
     // Sharing what a completed sweep covers is owed to the pool's next request (settle()): the
     // free stays a few set operations, and only a request can reuse what is shared.
     sweeps_.poll(sp, [&](std::uint64_t covered) { owed_.push_back({&sp, covered}); });
+    // A long run of frees with no request in between settles now and then, to bound owed_.
+    if (owed_.size() > tuning::kMaxOwedShares) settle();
   } else {
     poll_stream(sp);
   }

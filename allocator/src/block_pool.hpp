@@ -141,9 +141,11 @@ class BlockPool {
   /// Blocks until every stream's free and retired blocks are shared (out-of-memory path).
   void synchronize();
   /// Shares what completed sweeps cover and frees left owed (lazy_shares()), in the order they
-  /// completed. Every entry point but deallocate() calls it first; readers of the pool's state
-  /// (statistics, snapshots) call it too. No driver call but the unmaps of dropped aliases
-  /// (dormant_maps:0).
+  /// completed. Every entry point but deallocate() calls it first, so requests see the pool as if
+  /// it had shared at the frees; readers of its state do not (they make no driver call), and see
+  /// owed sharing as such (breakdown() counts an owed block as shared). Its driver calls are
+  /// those sharing makes: unmapping dropped aliases (dormant_maps:0) and dormant mappings past
+  /// their cap; it throws BackendError if one fails.
   void settle();
   /// Turns the pool memory-first (as whole_chunk_min:0): one best fit over owned and shared
   /// blocks, finished granules of owned blocks may move, no new whole chunks. For a pool that

@@ -78,7 +78,8 @@ BlockPool::Breakdown BlockPool::breakdown() const {
     std::vector<int> rank(a.high_water(), -1);
     for (const Block* b = arena_first_[i]; b != nullptr && b->addr < a.granule_addr(a.high_water());
          b = b->next) {
-      const int r = b->allocated ? 3 : b->retired ? 2 : b->shared ? 0 : 1;
+      // A block whose sharing is owed is any stream's at the next request: shared.
+      const int r = b->allocated ? 3 : b->retired ? 2 : (b->shared || owes(b)) ? 0 : 1;
       std::size_t first = 0, last = 0;
       a.covering(b->addr, b->size, first, last);
       for (std::size_t g = first; g < std::min(last, a.high_water()); ++g)

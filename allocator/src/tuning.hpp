@@ -78,6 +78,10 @@ inline constexpr std::size_t kMaxAccessGapGranules = 64;
 /// events held per stream stay bounded without ever waiting.
 inline constexpr std::size_t kMaxSweepsPerStream = 4;
 
+/// Completed sweeps whose sharing frees may leave owed to the next request (BlockPool::settle)
+/// before a free settles them itself: bounds the list through a long run of frees.
+inline constexpr std::size_t kMaxOwedShares = 1024;
+
 // --- Threads -----------------------------------------------------------------------------------
 
 /// Blocks a stream's cache holds at most (besides stream_cache_bytes): a take scans the cache,

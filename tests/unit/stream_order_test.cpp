@@ -220,4 +220,33 @@ TEST_F(OwedSharing, ARequestSeesWhatTheFreesLeftOwed) {
   for (void* x : {q, p[1], p[3]}) a.deallocate(x);
 }
 
+// Readers (statistics, snapshots) do not settle owed sharing: they never call the device. Here
+// the sharing owed drops an alias, which with dormant_maps:0 unmaps.
+TEST(OwedSharingReaders, MakeNoDriverCall) {
+  SimBackend::Options o = sim_options(64 * MiB, 1);
+  SimBackend sim(o);
+  Allocator a(sim, Config::parse("dormant_maps:0,sweep_interval:1,small_limit:512,"
+                                 "whole_chunk_fraction:1"));
+  void* x = a.allocate(4 * MiB, 1);
+  void* c = a.allocate(4 * MiB, 1);
+  void* d = a.allocate(4 * MiB, 1);
+  a.deallocate(x);
+  void* b = a.allocate(8 * MiB, 1);  // no own fit: takes x's granules as aliases
+  ASSERT_GT(a.stats().granules_aliased, 0) << "the test needs an alias to drop";
+  sim.advance(5);
+  a.deallocate(c);  // records a sweep covering x's retired range
+  sim.advance(5);
+  a.deallocate(d);  // finds it completed: dropping the alias is owed
+  const std::size_t unmaps = sim.unmap_calls();
+  a.stats();
+  a.memory_breakdown();
+  a.fragmentation();
+  a.segments();
+  EXPECT_EQ(sim.unmap_calls(), unmaps) << "a reader called the device";
+  a.check_invariants();
+  void* e = a.allocate(2 * MiB, 2);  // a request settles: the alias goes
+  EXPECT_GT(sim.unmap_calls(), unmaps);
+  for (void* p : {b, e}) a.deallocate(p);
+}
+
 }  // namespace
