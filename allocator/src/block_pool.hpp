@@ -153,7 +153,6 @@ class BlockPool {
   /// release_cached() leaves it holding less than half of where it turned. A no-op in segment
   /// mode or when already memory-first.
   void turn_memory_first();
-  bool memory_first() const { return merged_; }
 
   /// Unmaps every cached granule of shared blocks and releases idle chunks (segment mode: frees
   /// every wholly free shared segment, then trims the upstream). Returns bytes released.

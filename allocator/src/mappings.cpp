@@ -236,12 +236,10 @@ bool Mappings::create_fresh(const std::vector<std::size_t>& holes,
                             const std::vector<std::size_t>& unfilled,
                             std::vector<PhysRef>& supply) {
   // Runs of consecutive hole granules long enough become whole chunks; the rest one chunk of
-  // movable granules.
-  // Near the limit, single granules: they can move wherever the next request needs them.
-  const bool roomy = double(ctx_.reserved() + unfilled.size() * ctx_.granule) <=
-                     ctx_.config.whole_chunk_fraction * double(ctx_.limit);
+  // movable granules. Memory first (near the limit, the pool turned so: stop_whole_chunks()),
+  // single granules only: they can move wherever the next request needs them.
   const std::size_t min_run =
-      ctx_.config.whole_chunk_min == 0 || singles_only_ || !roomy
+      ctx_.config.whole_chunk_min == 0 || singles_only_
           ? SIZE_MAX
           : std::max(tuning::kMinWholeRunGranules, ctx_.config.whole_chunk_min / ctx_.granule);
   std::vector<std::pair<std::size_t, std::size_t>> runs;  // [begin, end) into `unfilled`
