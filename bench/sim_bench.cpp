@@ -258,13 +258,6 @@ BENCHMARK_CAPTURE(BM_MixedSizes, resnet50_amp_memory_first, "resnet50_amp", "who
 // ---------------------------------------------------------------------------------------------
 // BM_CallLatency/<trace>: per-call host latency of allocate and deallocate over one fresh replay.
 
-double percentile(std::vector<double>& v, double q) {
-  if (v.empty()) return 0.0;
-  const auto k = static_cast<std::size_t>(q * double(v.size() - 1));
-  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(k), v.end());
-  return v[k];
-}
-
 void BM_CallLatency(benchmark::State& state, const char* trace_name) {
   const OpStream stream = compile_ops(trace_name);
   if (!stream.error.empty()) {
@@ -301,10 +294,10 @@ void BM_CallLatency(benchmark::State& state, const char* trace_name) {
     state.SkipWithError(e.what());
     return;
   }
-  state.counters["alloc_p50_ns"] = percentile(alloc_ns, 0.50);
-  state.counters["alloc_p99_ns"] = percentile(alloc_ns, 0.99);
-  state.counters["free_p50_ns"] = percentile(free_ns, 0.50);
-  state.counters["free_p99_ns"] = percentile(free_ns, 0.99);
+  state.counters["alloc_p50_ns"] = replay::percentile(alloc_ns, 0.50);
+  state.counters["alloc_p99_ns"] = replay::percentile(alloc_ns, 0.99);
+  state.counters["free_p50_ns"] = replay::percentile(free_ns, 0.50);
+  state.counters["free_p99_ns"] = replay::percentile(free_ns, 0.99);
   state.SetLabel(stream.label);
 }
 BENCHMARK_CAPTURE(BM_CallLatency, gpt2_train, "gpt2_train")->Unit(benchmark::kMillisecond);

@@ -20,13 +20,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double percentile(std::vector<double>& v, double q) {
-  if (v.empty()) return 0;
-  const std::size_t k = std::min(v.size() - 1, std::size_t(q * double(v.size() - 1) + 0.5));
-  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(k), v.end());
-  return v[k];
-}
-
 struct LiveBlock {
   void* ptr = nullptr;  ///< nullptr: the allocation failed (not kept live)
   std::size_t size = 0;

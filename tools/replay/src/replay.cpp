@@ -199,6 +199,13 @@ Series SeriesRecorder::finish(const std::vector<Event>& events) {
   return std::move(s_);
 }
 
+double percentile(std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  const std::size_t k = std::min(v.size() - 1, std::size_t(q * double(v.size() - 1) + 0.5));
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(k), v.end());
+  return v[k];
+}
+
 std::uint64_t peak_requested(const std::vector<Event>& events) {
   struct Hooks : RequestedHooks {
     std::uint64_t peak = 0;

@@ -115,6 +115,10 @@ std::vector<std::pair<int, std::vector<Event>>> split_by_device(std::vector<Even
 /// The largest sum of live requested bytes (alloc adds, free_completed of a seen alloc removes).
 std::uint64_t peak_requested(const std::vector<Event>& events);
 
+/// The q-quantile (0..1, nearest rank) of `v`, reordering it (std::nth_element); 0 when empty.
+/// For Result::Latency and the benchmarks' per-call latencies.
+double percentile(std::vector<double>& v, double q);
+
 /// The recording allocator's reserved bytes rebuilt from segment_* events; with `series`, also
 /// Result::series.
 Result replay_recorded(const std::vector<Event>& events, bool series = false);
