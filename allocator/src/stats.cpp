@@ -49,6 +49,8 @@ std::map<std::string, std::int64_t> Stats::to_map() const {
   out["cuarena.slabs_created"] = slabs_created;
   out["cuarena.slabs_released"] = slabs_released;
   out["cuarena.events_recorded"] = events_recorded;
+  out["cuarena.sweep_polls"] = sweep_polls;
+  out["cuarena.sweep_polls_pending"] = sweep_polls_pending;
   out["cuarena.cross_stream_reuses"] = cross_stream_reuses;
   out["cuarena.pending_frees"] = pending_frees;
   out["cuarena.stream_cache_hits"] = stream_cache_hits;

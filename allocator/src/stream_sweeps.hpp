@@ -67,17 +67,24 @@ class StreamSweeps {
     }
   }
   /// Retires s's completed sweeps, oldest first, raising s.done and calling on_done(covered)
-  /// after each. Non-blocking.
+  /// after each. Non-blocking. Counts the poll (Stats::sweep_polls), and whether its oldest
+  /// sweep was still running (Stats::sweep_polls_pending: how far the device runs behind).
   template <class Fn>
   void poll(Stream& s, Fn&& on_done) {
-    while (!s.events.empty() && backend_.event_completed(s.events.front().first)) {
+    if (s.events.empty()) return;
+    ++stats_.sweep_polls;
+    if (!backend_.event_completed(s.events.front().first)) {
+      ++stats_.sweep_polls_pending;
+      return;
+    }
+    do {
       const auto [event, covered] = s.events.front();
       s.events.pop_front();
       backend_.release_event(event);
       --in_flight_;
       s.done = covered;
       on_done(covered);
-    }
+    } while (!s.events.empty() && backend_.event_completed(s.events.front().first));
   }
   /// poll() on every stream with sweeps in flight, on_done(Stream&, covered).
   template <class Fn>

@@ -193,6 +193,18 @@ def main(argv=None) -> int:
         device_calls.append(calls_so_far() - calls_before)
 
     stats = torch.cuda.memory_stats()
+    # cuarena's own counters when it serves this process (its package imported and enabled).
+    cuarena_stats = None
+    if "cuarena" in sys.modules:
+        cuarena_mod = sys.modules["cuarena"]
+        try:
+            own = cuarena_mod.stats()
+        except cuarena_mod.CuarenaError:
+            own = {}
+        cuarena_stats = {k: own[k] for k in (
+            "cuarena.map_calls", "cuarena.unmap_calls", "cuarena.access_calls",
+            "cuarena.events_recorded", "cuarena.sweep_polls", "cuarena.sweep_polls_pending")
+            if k in own} or None
     result = {
         "model": args.model,
         "steps": args.steps,
@@ -220,6 +232,7 @@ def main(argv=None) -> int:
         "env": {k: os.environ.get(k) for k in (
             "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUARENA", "CUARENA_CONF",
             "CUARENA_TORCH_LIB", "CUBLAS_WORKSPACE_CONFIG")},
+        "cuarena_stats": cuarena_stats,
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "argv": sys.argv,
         **task.info(),
@@ -229,7 +242,10 @@ def main(argv=None) -> int:
     print(f"train.py: {args.model} under {result['allocator_backend']}: "
           f"final loss {losses[-1] if losses else float('nan'):.6f}, "
           f"peak reserved {result['max_memory_reserved'] / 2**20:.0f} MiB, "
-          f"median step {sorted(times)[len(times) // 2] * 1e3 if times else 0:.1f} ms")
+          f"median step {sorted(times)[len(times) // 2] * 1e3 if times else 0:.1f} ms"
+          + (f", sweep polls pending {cuarena_stats['cuarena.sweep_polls_pending']} of "
+             f"{cuarena_stats['cuarena.sweep_polls']}"
+             if cuarena_stats and "cuarena.sweep_polls" in cuarena_stats else ""))
     return 0
 
 

@@ -79,6 +79,24 @@ TEST_P(RealTrace, CuarenaCountersAreTheAllocatorsStats) {
   EXPECT_GT(r.counters.at("map_calls"), 0);
 }
 
+// How far the device runs behind shows in the sweep polls: at a lag of one tick every poll
+// finds its stream's sweep done; the longer the lag, the more polls find it still running.
+TEST(SweepPolls, ThePendingShareGrowsWithTheDevicesLag) {
+  const auto events = load_trace(trace_path("gpt2_train.pickle.gz"));
+  auto pending_share = [&](std::uint64_t lag) {
+    SimOptions o;
+    o.device.event_latency = lag;
+    const Result r = replay_cuarena(events, o);
+    const auto polls = r.counters.at("cuarena.sweep_polls");
+    EXPECT_GT(polls, 100) << "lag " << lag;
+    return double(r.counters.at("cuarena.sweep_polls_pending")) / double(polls);
+  };
+  EXPECT_EQ(pending_share(1), 0.0);
+  const double at16 = pending_share(16), at256 = pending_share(256);
+  EXPECT_GT(at16, 0.2);
+  EXPECT_GT(at256, at16 + 0.2);
+}
+
 // The whole trace through the allocator with every invariant checked along the way.
 TEST_P(RealTrace, InvariantsHoldThroughoutReplay) {
   const auto events = load_trace(trace_path(GetParam().file));

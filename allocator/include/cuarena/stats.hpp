@@ -65,7 +65,12 @@ struct Stats {
   std::int64_t stitched_ranges = 0;       ///< requests backed by granules reclaimed elsewhere
   std::int64_t slabs_created = 0;
   std::int64_t slabs_released = 0;
-  std::int64_t events_recorded = 0;      ///< backend events recorded
+  std::int64_t events_recorded = 0;  ///< backend events recorded
+  /// Polls of a stream's sweeps (its oldest sweep event queried), and those that found it still
+  /// running: the share pending says how far the device runs behind the host (0 when every free
+  /// is done by the next poll, as in a replay without kernels; docs/results.md).
+  std::int64_t sweep_polls = 0;
+  std::int64_t sweep_polls_pending = 0;
   std::int64_t cross_stream_reuses = 0;  ///< blocks reused by a stream other than the freeing one
   std::int64_t pending_frees = 0;        ///< current: frees waiting on events (record_stream)
   std::int64_t stream_cache_hits = 0;    ///< allocations served from a stream cache (no lock)

@@ -139,7 +139,9 @@ def stats(device: object = None) -> dict[str, int]:
     cuarena's own, prefixed ``cuarena.``: driver calls (``cuarena.map_calls``, ...), granules
     moved, ``cuarena.memory_first`` (1 while the pool places memory-first: configured, or turned
     so when it ran short of memory, until an ``empty_cache()`` leaves it low),
-    ``cuarena.loop_plans``, stream-cache hits.
+    ``cuarena.loop_plans``, stream-cache hits, and ``cuarena.sweep_polls`` /
+    ``cuarena.sweep_polls_pending`` (how often a poll found the device still working on a
+    stream's freed memory: how far the GPU runs behind the job's allocations).
 
     `device` as for :func:`memory_available`. Thread-safe. Raises :class:`CuarenaError` when
     cuarena is not installed or the library fails.
