@@ -267,6 +267,9 @@ def bad_inputs(tmp_path):
                              "small_limit"),
         "bad_backend": ([TRACES / "resnet50_amp.pickle.gz", "--backend", "quantum"], "quantum"),
         "verify_without_gpu_backend": ([TRACES / "resnet50_amp.pickle.gz", "--verify"], "--verify"),
+        "gpu_lag_without_gpu_backend": ([TRACES / "resnet50_amp.pickle.gz", "--gpu-lag", "64"],
+                                        "--gpu-lag"),
+        "negative_gpu_lag": ([TRACES / "resnet50_amp.pickle.gz", "--gpu-lag", "-1"], "--gpu-lag"),
         "torch_allocator_on_sim": ([TRACES / "resnet50_amp.pickle.gz", "--allocator", "torch-native"],
                                    "torch-native"),
         "rmm_allocator_on_sim": ([TRACES / "resnet50_amp.pickle.gz", "--allocator", "rmm-pool"],
@@ -287,6 +290,7 @@ def bad_inputs(tmp_path):
                                   "bad_capacity", "negative_capacity", "ambiguous_capacity_unit", "huge_capacity",
                                   "bad_config_key",
                                   "bad_config_value", "bad_backend", "verify_without_gpu_backend",
+                                  "gpu_lag_without_gpu_backend", "negative_gpu_lag",
                                   "torch_allocator_on_sim", "rmm_allocator_on_sim",
                                   "cub_allocator_on_sim", "cuarena_upstream_row_on_sim",
                                   "unknown_allocator"])

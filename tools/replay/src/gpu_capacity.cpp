@@ -50,9 +50,11 @@ std::unique_ptr<GpuAllocator> limit_reserved(GpuAllocator& inner, std::uint64_t 
   return std::make_unique<ReservedLimit>(nullptr, inner, limit);
 }
 
-bool replays_within(const std::vector<Event>& events, GpuAllocator& allocator, int device) {
+bool replays_within(const std::vector<Event>& events, GpuAllocator& allocator, int device,
+                    std::uint64_t gpu_lag) {
   GpuReplayOptions options;
   options.device = device;
+  options.gpu_lag = gpu_lag;
   options.stop_at_oom = true;
   return replay_gpu(events, allocator, options).ooms == 0;
 }

@@ -12,6 +12,7 @@
 
 #include "cuarena/replay/cuda_check.hpp"
 #include "cuarena/replay/replay_loop.hpp"
+#include "gpu_lag.cuh"
 #include "gpu_verify.cuh"
 
 namespace cuarena::replay {
@@ -44,8 +45,27 @@ struct GpuHooks : TraceHooks<LiveBlock> {
   std::size_t peak_reserved = 0, peak_device_used = 0;
   std::optional<std::size_t> reserved_now{};  // read after an allocation
   bool stop = false;                          // stop_at_oom and it ran out
+  // --gpu-lag: lag_events[i % gpu_lag] was recorded after event i - gpu_lag (null: never).
+  std::vector<cudaEvent_t> lag_events{};
 
-  void on_event(std::size_t, const Event&) { reserved_now.reset(); }
+  void on_event(std::size_t i, const Event&) {
+    reserved_now.reset();
+    if (!lag_events.empty()) {  // the device is done with the work of gpu_lag events back
+      cudaEvent_t done = lag_events[i % lag_events.size()];
+      if (done != nullptr)
+        check_cuda(cudaEventSynchronize(done), "cudaEventSynchronize (--gpu-lag)");
+    }
+  }
+  /// --gpu-lag: the event's stream gets a busy kernel, then the event that on_event waits for.
+  void fall_behind(std::size_t i, const Event& e) {
+    const auto s = streams.find(e.stream);
+    if (s == streams.end()) return;  // a stream with no allocation: no work of the job there
+    cudaEvent_t& slot = lag_events[i % lag_events.size()];
+    if (slot == nullptr)
+      check_cuda(cudaEventCreateWithFlags(&slot, cudaEventDisableTiming), "cudaEventCreate");
+    launch_busy(kLagKernelNs, s->second);
+    check_cuda(cudaEventRecord(slot, s->second), "cudaEventRecord (--gpu-lag)");
+  }
   LiveBlock on_alloc(std::size_t i, const Event& e) {
     void* stream = streams.at(e.stream);
     const auto t0 = Clock::now();
@@ -85,7 +105,8 @@ struct GpuHooks : TraceHooks<LiveBlock> {
     const auto t1 = Clock::now();
     free_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
-  bool after(std::size_t, const Event&) {
+  bool after(std::size_t i, const Event& e) {
+    if (!lag_events.empty()) fall_behind(i, e);
     if (stop) return false;
     if (series) series->add(reserved_now ? *reserved_now : allocator.reserved_bytes());
     return true;
@@ -129,6 +150,7 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
   if (options.series) series.emplace(events.size());
   SeriesRecorder* rec = series ? &*series : nullptr;
   GpuHooks hooks{{}, allocator, options, streams, r, error_flag, free0, rec};
+  if (options.gpu_lag > 1) hooks.lag_events.assign(std::min(options.gpu_lag, kMaxGpuLag), nullptr);
   hooks.alloc_us.reserve(events.size() / 2);
   hooks.free_us.reserve(events.size() / 2);
   const auto start = Clock::now();
@@ -138,6 +160,9 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
   r.skipped_events = counts.skipped;
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (a kernel or an allocator failed)");
   r.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  for (cudaEvent_t e : hooks.lag_events) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (options.verify) {
     std::uint64_t bad = 0;
     check_cuda(cudaMemcpy(&bad, error_flag, sizeof bad, cudaMemcpyDeviceToHost), "cudaMemcpy");

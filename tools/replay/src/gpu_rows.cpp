@@ -27,7 +27,7 @@ std::optional<std::uint64_t> gpu_row_min_capacity(const std::string& allocator, 
     } catch (const OutOfMemoryError&) {  // the limit cannot even be set up (rmm-arena)
       return false;
     }
-    return replays_within(c.events, *held, device);
+    return replays_within(c.events, *held, device, c.args.gpu_lag);
   };
   auto found = gpu_min_capacity(c.events, device, r.peak_reserved_bytes, fits);
   if (!found)
@@ -43,6 +43,7 @@ std::optional<Result> gpu_row(const std::string& allocator, const RowContext& c)
   options.verify = c.args.verify;
   options.device = c.args.device;
   options.series = !c.args.report.empty() || c.args.series;
+  options.gpu_lag = c.args.gpu_lag;
   Result r;
   {  // destroyed before the capacity search, so its memory is back on the device
     std::unique_ptr<GpuAllocator> impl = make_gpu_allocator(allocator, c.args.device, c.sim.config);

@@ -6,6 +6,7 @@
 
 #include "cuarena/errors.hpp"
 #include "cuarena/replay/allocator_registry.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
 #include "cuarena/replay/replay.hpp"
 #include "cuarena/replay/replay_command.hpp"
 #include "cuarena/replay/trace.hpp"
@@ -54,6 +55,13 @@ int main(int argc, char** argv) {
                    "GPU (needs --backend cuda): tag every block with a kernel and check the tag "
                    "before it is freed");
   replay->add_option("--device", ra.device, "GPU: CUDA device ordinal (default 0)");
+  replay
+      ->add_option("--gpu-lag", ra.gpu_lag,
+                   "GPU: keep the device about N trace events behind the host, as a job's "
+                   "kernels do (a busy kernel of 20 us per event on its stream; the replay takes "
+                   "that much longer): the GPU counterpart of --config sim_event_latency:N "
+                   "(default 0: no kernels, and the device keeps up)")
+      ->check(CLI::Range(std::uint64_t{0}, kMaxGpuLag));
   replay->add_option("--config", ra.config,
                      "cuarena's options and the simulator's sim_* keys, key:value,... (default: "
                      "$CUARENA_CONF; the keys: 'cuarena config')");

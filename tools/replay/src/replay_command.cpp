@@ -10,6 +10,7 @@
 #include "cuarena/config.hpp"
 #include "cuarena/errors.hpp"
 #include "cuarena/replay/allocator_registry.hpp"
+#include "cuarena/replay/gpu_replay.hpp"
 #include "cuarena/replay/torch_sim.hpp"
 
 namespace cuarena::replay {
@@ -79,6 +80,12 @@ int run_replay(ReplayArgs a) {
   check_allocators(a.allocators, on_sim, gpu);
   check_torch_conf(a.torch_conf, a.allocators);
   if (a.verify && !gpu) throw ConfigError("--verify needs --backend cuda (it tags real memory)");
+  if (a.gpu_lag > 1 && !gpu)
+    throw ConfigError(
+        "--gpu-lag needs --backend cuda (on the simulator: --config sim_event_latency:N)");
+  if (a.gpu_lag > kMaxGpuLag)
+    throw ConfigError("--gpu-lag " + std::to_string(a.gpu_lag) + " is above " +
+                      std::to_string(kMaxGpuLag));
   if (gpu) {
     const std::string why = cuda_unavailable_reason(a.device);
     if (!why.empty()) throw ConfigError("--backend cuda: " + why);

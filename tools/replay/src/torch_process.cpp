@@ -31,6 +31,10 @@ std::optional<Result> torch_gpu_row(const std::string& mode, const RowContext& c
   close(fd);
   std::vector<std::string> argv = {exe, c.path, mode, tmpl, "--device", std::to_string(a.device)};
   if (a.verify) argv.push_back("--verify");
+  if (a.gpu_lag > 1) {
+    argv.push_back("--gpu-lag");
+    argv.push_back(std::to_string(a.gpu_lag));
+  }
   if (a.min_capacity) argv.push_back("--min-capacity");
   if (a.series || !a.report.empty()) argv.push_back("--series");
   std::string err;

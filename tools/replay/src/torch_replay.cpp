@@ -67,7 +67,8 @@ class TorchGpu final : public GpuAllocator {
 // may over-estimate). torch-async: its fraction caps allocated bytes, not reserved, so
 // limit_reserved() holds it instead (emptyCache syncs and trims the pool).
 std::optional<std::uint64_t> min_capacity(const std::vector<cuarena::replay::Event>& events,
-                                          TorchGpu& allocator, const Result& r, int device) {
+                                          TorchGpu& allocator, const Result& r, int device,
+                                          std::uint64_t gpu_lag) {
   if (r.ooms > 0) return std::nullopt;
   std::size_t free_bytes = 0, total = 0;
   check_cuda(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
@@ -77,11 +78,11 @@ std::optional<std::uint64_t> min_capacity(const std::vector<cuarena::replay::Eve
     bool ok = false;
     if (allocator.name() == "torch-async") {
       auto held = limit_reserved(allocator, limit);
-      ok = replays_within(events, *held, device);
+      ok = replays_within(events, *held, device, gpu_lag);
     } else {
       // +4 KiB: PyTorch truncates fraction * total, and segments are 2 MiB multiples.
       cca::setMemoryFraction(std::min(1.0, (double(limit) + 4096.0) / double(total)), dev);
-      ok = replays_within(events, allocator, device);
+      ok = replays_within(events, allocator, device, gpu_lag);
     }
     allocator.release_cache();
     return ok;
@@ -96,7 +97,7 @@ std::optional<std::uint64_t> min_capacity(const std::vector<cuarena::replay::Eve
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::cerr << "usage: cuarena_torch_replay TRACE NAME JSON [--verify] [--device N] "
-                 "[--min-capacity] [--series]\n";
+                 "[--min-capacity] [--series] [--gpu-lag N]\n";
     return 2;
   }
   GpuReplayOptions options;
@@ -110,6 +111,8 @@ int main(int argc, char** argv) {
       options.series = true;
     else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc)
       options.device = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--gpu-lag") == 0 && i + 1 < argc)
+      options.gpu_lag = std::strtoull(argv[++i], nullptr, 10);
     else {
       std::cerr << "cuarena_torch_replay: error: unknown argument " << argv[i] << '\n';
       return 2;
@@ -119,7 +122,8 @@ int main(int argc, char** argv) {
     const auto events = device_events(load_trace(argv[1]), options.device);
     TorchGpu allocator(argv[2], options.device);
     Result r = replay_gpu(events, allocator, options);
-    if (search) r.min_capacity_bytes = min_capacity(events, allocator, r, options.device);
+    if (search)
+      r.min_capacity_bytes = min_capacity(events, allocator, r, options.device, options.gpu_lag);
     r.trace = trace_name(argv[1]);
     write_json(argv[3], {r}, options.series);
   } catch (const TraceError& e) {

@@ -27,9 +27,11 @@ std::unique_ptr<GpuAllocator> limit_reserved(std::unique_ptr<GpuAllocator> inner
 /// As above, without owning `inner`, which must outlive the result.
 std::unique_ptr<GpuAllocator> limit_reserved(GpuAllocator& inner, std::uint64_t limit);
 
-/// True when `events` replay through `allocator` on `device` without an out-of-memory failure.
-/// Stops at the first one; no verification kernels. Throws as replay_gpu().
-bool replays_within(const std::vector<Event>& events, GpuAllocator& allocator, int device);
+/// True when `events` replay through `allocator` on `device` without an out-of-memory failure,
+/// the device kept `gpu_lag` events behind (GpuReplayOptions::gpu_lag). Stops at the first one;
+/// no verification kernels. Throws as replay_gpu().
+bool replays_within(const std::vector<Event>& events, GpuAllocator& allocator, int device,
+                    std::uint64_t gpu_lag = 0);
 
 /// search_min_capacity() in kCapacityStep steps for one GPU row: floor = the events' peak requested
 /// bytes, ceiling = `device`'s total memory. `fits(limit)` builds the allocator held to `limit` and

@@ -75,7 +75,20 @@ struct GpuReplayOptions {
   /// Fill Result::series: the allocator's reserved bytes read after every event (after frees
   /// too, outside the timed calls; the peak is read after allocations only, as without it).
   bool series = false;
+  /// Keep the device about this many trace events behind the host, as sim_event_latency does
+  /// on the simulator (0 or 1: no kernels, and the device keeps up). After each event a busy
+  /// kernel of kLagKernelNs runs on the event's stream and an event is recorded there; before
+  /// event i the host waits for the one recorded after event i - gpu_lag. Outside the timed
+  /// calls, but the replay takes about kLagKernelNs per event longer.
+  std::uint64_t gpu_lag = 0;
 };
+
+/// Device time of one --gpu-lag kernel: longer than the host's work per event (a few
+/// microseconds, but for driver calls), so the device stays behind.
+constexpr std::uint64_t kLagKernelNs = 20'000;
+
+/// The largest --gpu-lag (one CUDA event per event of lag is kept).
+constexpr std::uint64_t kMaxGpuLag = 65'536;
 
 /// Replays one device's events. Fills peak_reserved (own accounting), latency percentiles
 /// (microseconds) and, in counters, the cudaMemGetInfo cross-check.

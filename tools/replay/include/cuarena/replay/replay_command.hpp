@@ -1,6 +1,7 @@
 // `cuarena replay`: what it was asked (main.cpp fills it from the command line) and the run.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@ struct ReplayArgs {
   bool check = false;  ///< exit 1 when a replayed row runs out of memory
   bool verify = false;
   int device = 0;
+  std::uint64_t gpu_lag = 0;  ///< GpuReplayOptions::gpu_lag of every GPU row
   std::string config;
   std::string torch_conf;
   std::string json;
