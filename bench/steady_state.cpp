@@ -3,6 +3,10 @@
 //
 //   cuarena_steady_state TRACE... [--passes N] [--config key:value,...] [--json FILE]
 //
+// --config takes the core's keys and the simulator's (sim_event_latency: how many events after
+// its record a sweep event completes, the device's lag; sim_capacity, sim_granularity), as
+// `cuarena replay --config` does.
+//
 // Pass 1 replays the whole trace (first device) except that blocks it never frees stay allocated,
 // as weights and optimizer state do in a training loop. Each later pass replays only the blocks
 // the trace both allocates and frees, in trace order, with fresh addresses (whatever cuarena
@@ -89,9 +93,9 @@ struct PassFigures {
   cuarena::Allocator::MemoryBreakdown at_end;  // where the reserved memory is after the pass
 };
 
-std::vector<PassFigures> run(const LoopOps& ops, const std::string& config, int passes) {
-  cuarena::SimBackend sim;
-  cuarena::Allocator alloc(sim, cuarena::Config::parse(config));
+std::vector<PassFigures> run(const LoopOps& ops, const replay::SimOptions& options, int passes) {
+  cuarena::SimBackend sim(replay::sim_backend_options(options));
+  cuarena::Allocator alloc(sim, options.config);
   std::vector<void*> ptr(ops.blocks, nullptr);
   std::vector<void*> last(ops.blocks, nullptr);  // each block's address one pass before
   std::vector<PassFigures> out;
@@ -136,10 +140,19 @@ int main(int argc, char** argv) {
   std::string config, json_path;
   app.add_option("TRACE", traces, "Trace files (PyTorch snapshots, .cuat)")->required();
   app.add_option("--passes", passes, "Passes, the first one included")->check(CLI::Range(2, 1000));
-  app.add_option("--config", config, "Allocator options, key:value,...");
+  app.add_option("--config", config,
+                 "Allocator options and the simulator's sim_* keys (sim_event_latency: the "
+                 "device's lag in events), key:value,...");
   app.add_option("--json", json_path, "Also write the figures as JSON to this file");
   CLI11_PARSE(app, argc, argv);
 
+  replay::SimOptions options;
+  try {
+    replay::parse_replay_config(config, options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuarena_steady_state: --config: %s\n", e.what());
+    return 1;
+  }
   nlohmann::json doc = nlohmann::json::array();
   int status = 0;
   for (const std::string& path : traces) {
@@ -148,7 +161,7 @@ int main(int argc, char** argv) {
       if (devices.empty()) throw replay::TraceError(path + ": no events");
       const auto& [device, events] = devices.front();
       const LoopOps ops = compile(events);
-      const std::vector<PassFigures> figures = run(ops, config, passes);
+      const std::vector<PassFigures> figures = run(ops, options, passes);
       std::printf("%s (device %u, %zu ops in pass 1, %zu per later pass, %.1f MiB never freed)\n",
                   replay::trace_name(path).c_str(), unsigned(device), ops.first.size(),
                   ops.loop.size(), double(ops.long_lived_bytes) / (1 << 20));

@@ -276,6 +276,18 @@ Result replay_recorded(const std::vector<Event>& events, bool series) {
   return r;
 }
 
+SimBackend::Options sim_backend_options(const SimOptions& o) {
+  SimBackend::Options so;
+  if (o.capacity)
+    so.capacity = o.capacity;
+  else if (o.device.capacity)
+    so.capacity = o.device.capacity;
+  so.granularity = o.device.granularity;
+  so.event_latency = o.device.event_latency;
+  so.segments = o.config.upstream != Upstream::kVmm;  // async/malloc: the segment upstream path
+  return so;
+}
+
 namespace {
 
 struct SimRun {
@@ -321,18 +333,6 @@ Result::FirstOom describe_oom(const Allocator& alloc, const SimBackend& sim, std
   return f;
 }
 
-SimBackend::Options sim_options(const SimOptions& o) {
-  SimBackend::Options so;
-  if (o.capacity)
-    so.capacity = o.capacity;
-  else if (o.device.capacity)
-    so.capacity = o.device.capacity;
-  so.granularity = o.device.granularity;
-  so.event_latency = o.device.event_latency;
-  so.segments = o.config.upstream != Upstream::kVmm;  // async/malloc: the segment upstream path
-  return so;
-}
-
 // Replays events[0, stop) (all when stop is npos); measures fragmentation at `stop`. Feeds
 // `series` (when given) the reserved bytes after each event.
 //
@@ -343,7 +343,7 @@ SimBackend::Options sim_options(const SimOptions& o) {
 // reusable. Every other block is freed at its free_completed.
 SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std::size_t stop,
                SeriesRecorder* series = nullptr, bool observe = false) {
-  SimBackend sim(sim_options(options));
+  SimBackend sim(sim_backend_options(options));
   Allocator alloc(sim, options.config);
   std::unordered_set<std::uint64_t> streams;  // the trace's, which a held stream must not be
   for (const Event& e : events) streams.insert(e.stream);
@@ -431,7 +431,7 @@ std::string config_markdown_table() {
 }
 
 std::uint64_t sim_capacity_bytes(const SimOptions& options) {
-  return sim_options(options).capacity;
+  return sim_backend_options(options).capacity;
 }
 
 std::uint64_t max_sim_capacity(std::uint64_t granularity) {

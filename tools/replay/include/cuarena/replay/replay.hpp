@@ -143,6 +143,10 @@ void parse_replay_config(std::string_view text, SimOptions& options);
 /// defaults: README.md's Configuration table is this text (a test holds them equal).
 std::string config_markdown_table();
 
+/// The SimBackend that `options` describe (capacity as sim_capacity_bytes(), sim_granularity,
+/// sim_event_latency; a segment upstream for upstream:async and upstream:malloc).
+SimBackend::Options sim_backend_options(const SimOptions& options);
+
 /// The simulated device's bytes under `options` (--capacity, else sim_capacity, else the
 /// recorded H200's 143771 MiB).
 std::uint64_t sim_capacity_bytes(const SimOptions& options);
