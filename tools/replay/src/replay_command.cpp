@@ -80,7 +80,7 @@ int run_replay(ReplayArgs a) {
   check_allocators(a.allocators, on_sim, gpu);
   check_torch_conf(a.torch_conf, a.allocators);
   if (a.verify && !gpu) throw ConfigError("--verify needs --backend cuda (it tags real memory)");
-  if (a.gpu_lag > 1 && !gpu)
+  if (a.gpu_lag != 0 && !gpu)
     throw ConfigError(
         "--gpu-lag needs --backend cuda (on the simulator: --config sim_event_latency:N)");
   if (a.gpu_lag > kMaxGpuLag)
