@@ -28,6 +28,20 @@ struct LiveBlock {
   std::uint64_t tag = 0;
 };
 
+// --gpu-lag's events, one per event of lag, created as first needed; destroyed with the replay
+// (also when it throws).
+struct LagEvents {
+  std::vector<cudaEvent_t> ring;
+  LagEvents() = default;
+  LagEvents(const LagEvents&) = delete;
+  LagEvents& operator=(const LagEvents&) = delete;
+  ~LagEvents() {
+    for (cudaEvent_t e : ring) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  }
+};
+
 // The GPU row's work at each event of the replayer's loop (replay_loop.hpp). A failed
 // allocation stays live as an empty block, as on the simulator: the job had the block, so its
 // free is a free and a later alloc of its address a lost free. Every block is freed at its
@@ -40,13 +54,13 @@ struct GpuHooks : TraceHooks<LiveBlock> {
   std::uint64_t* error_flag;
   std::size_t free0;  // device memory free before the replay
   SeriesRecorder* series;
+  // --gpu-lag (empty: off): lag_events[i % size] was recorded after event i - size (null: never).
+  std::vector<cudaEvent_t>& lag_events;
   std::vector<double> alloc_us{}, free_us{};
   std::uint64_t next_tag = 1;
   std::size_t peak_reserved = 0, peak_device_used = 0;
   std::optional<std::size_t> reserved_now{};  // read after an allocation
   bool stop = false;                          // stop_at_oom and it ran out
-  // --gpu-lag: lag_events[i % gpu_lag] was recorded after event i - gpu_lag (null: never).
-  std::vector<cudaEvent_t> lag_events{};
 
   void on_event(std::size_t i, const Event&) {
     reserved_now.reset();
@@ -149,8 +163,9 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
   std::optional<SeriesRecorder> series;
   if (options.series) series.emplace(events.size());
   SeriesRecorder* rec = series ? &*series : nullptr;
-  GpuHooks hooks{{}, allocator, options, streams, r, error_flag, free0, rec};
-  if (options.gpu_lag > 1) hooks.lag_events.assign(std::min(options.gpu_lag, kMaxGpuLag), nullptr);
+  LagEvents lag;
+  if (options.gpu_lag > 1) lag.ring.assign(std::min(options.gpu_lag, kMaxGpuLag), nullptr);
+  GpuHooks hooks{{}, allocator, options, streams, r, error_flag, free0, rec, lag.ring};
   hooks.alloc_us.reserve(events.size() / 2);
   hooks.free_us.reserve(events.size() / 2);
   const auto start = Clock::now();
@@ -160,9 +175,6 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
   r.skipped_events = counts.skipped;
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (a kernel or an allocator failed)");
   r.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
-  for (cudaEvent_t e : hooks.lag_events) {
-    if (e != nullptr) cudaEventDestroy(e);
-  }
   if (options.verify) {
     std::uint64_t bad = 0;
     check_cuda(cudaMemcpy(&bad, error_flag, sizeof bad, cudaMemcpyDeviceToHost), "cudaMemcpy");
