@@ -106,6 +106,7 @@ std::vector<PassFigures> run(const LoopOps& ops, const replay::SimOptions& optio
     std::int64_t same = 0, allocations = 0;
     for (const Op& op : p == 0 ? ops.first : ops.loop) {
       sim.advance(1);
+      sim.queue_work(op.stream);
       if (op.alloc) {
         ptr[op.block] = alloc.allocate(op.size, op.stream);
         ++allocations;

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuarena/allocator.hpp"
@@ -393,6 +395,21 @@ TEST(CudaAllocators, ThreadsShareOneDeviceAndForeignPointersAreRefused) {
 // Every bundled trace replayed with real memory, verified, and compared with the simulator.
 class GpuReplay : public ::testing::TestWithParam<const char*> {};
 
+// The lowest and highest reserved_ratio of the simulated replays of `events` under `config` at
+// each device lag (sim_event_latency) in `lags`.
+std::pair<double, double> sim_range(const std::vector<Event>& events, const Config& config,
+                                    std::initializer_list<std::uint64_t> lags) {
+  double lo = 1e9, hi = 0;
+  for (const std::uint64_t lag : lags) {
+    SimOptions o{config};
+    o.device.event_latency = lag;
+    const double ratio = replay_cuarena(events, o).reserved_ratio;
+    lo = std::min(lo, ratio);
+    hi = std::max(hi, ratio);
+  }
+  return {lo, hi};
+}
+
 // Memory first (single granules): the policy heals whatever the device's timing changes, so
 // the simulator must predict the GPU within 1%.
 TEST_P(GpuReplay, VerifiedAndFaithfulToTheSimulator) {
@@ -426,14 +443,7 @@ TEST_P(GpuReplay, DefaultVerifiedAndWithinTheSimulatorsRange) {
   const Result r = replay_gpu(events, *gpu, options);
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_EQ(r.counters.at("verify_failures"), 0);
-  double lo = 1e9, hi = 0;
-  for (const std::uint64_t lag : {1, 2, 4, 8}) {
-    SimOptions o;
-    o.device.event_latency = lag;
-    const Result sim = replay_cuarena(events, o);
-    lo = std::min(lo, sim.reserved_ratio);
-    hi = std::max(hi, sim.reserved_ratio);
-  }
+  const auto [lo, hi] = sim_range(events, Config{}, {1, 2, 4, 8});
   EXPECT_GE(r.reserved_ratio, 0.99 * lo)
       << "below the simulator's range [" << lo << ", " << hi << "]";
   EXPECT_LE(r.reserved_ratio, 1.01 * hi)
@@ -469,15 +479,8 @@ TEST_P(GpuReplay, BehindTheHostVerifiedAndAsTheSimulatorAtThatLag) {
     const double pending = double(r.counters.at("cuarena.sweep_polls_pending")) /
                            double(std::max<std::int64_t>(1, r.counters.at("cuarena.sweep_polls")));
     EXPECT_GT(pending, 0.1) << "the device did not run behind";
-    double lo = 1e9, hi = 0, at_lag = 0;
-    for (const std::uint64_t lag : {kLag / 4, kLag / 2, kLag, kLag * 2, kLag * 4}) {
-      SimOptions o{config};
-      o.device.event_latency = lag;
-      const Result sim = replay_cuarena(events, o);
-      lo = std::min(lo, sim.reserved_ratio);
-      hi = std::max(hi, sim.reserved_ratio);
-      if (lag == kLag) at_lag = sim.reserved_ratio;
-    }
+    const auto [lo, hi] = sim_range(events, config, {kLag / 4, kLag / 2, kLag, kLag * 2, kLag * 4});
+    const double at_lag = sim_range(events, config, {kLag}).first;
     // bert_varlen_infer's default is not predicted there: a replay outside the suite reached
     // 1.3191 on the GPU, where the simulator's lags 12-512 give 1.152-1.283 (a target missed,
     // docs/results.md); it is held below PyTorch native's 1.987 only.

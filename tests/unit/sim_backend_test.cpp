@@ -95,6 +95,35 @@ TEST(SimBackend, EventsCompleteByLogicalClock) {
   EXPECT_THROW(sim.release_event(f), std::logic_error);
 }
 
+// A stream told of its work is behind by that work only: an event recorded on it completes
+// event_latency ticks after its last work, so one recorded long after the stream went idle
+// completes at the next tick; a busy stream's waits the full latency.
+TEST(SimBackend, AnIdleStreamCatchesUp) {
+  SimBackend sim(sim_options(1 * GiB, 10));
+  sim.queue_work(1);  // tick 0
+  sim.advance(4);
+  sim.queue_work(2);  // tick 4
+  const EventId busy = sim.record_event(2);
+  const EventId idle = sim.record_event(1);
+  const EventId untold = sim.record_event(3);  // never told of work: the plain rule
+  EXPECT_FALSE(sim.event_completed(idle)) << "no sooner than the next tick";
+  sim.advance(6);  // tick 10: stream 1's work (tick 0) is done
+  EXPECT_TRUE(sim.event_completed(idle));
+  EXPECT_FALSE(sim.event_completed(busy));
+  sim.advance(3);  // tick 13
+  EXPECT_FALSE(sim.event_completed(busy));
+  EXPECT_FALSE(sim.event_completed(untold));
+  sim.advance(1);  // tick 14 = 4 + 10
+  EXPECT_TRUE(sim.event_completed(busy));
+  EXPECT_TRUE(sim.event_completed(untold));
+  sim.advance(50);  // stream 1 long idle
+  const EventId later = sim.record_event(1);
+  EXPECT_FALSE(sim.event_completed(later));
+  sim.advance(1);
+  EXPECT_TRUE(sim.event_completed(later)) << "an idle stream's event completes at the next tick";
+  for (EventId e : {busy, idle, untold, later}) sim.release_event(e);
+}
+
 TEST(SimBackend, IsDeterministic) {
   auto run = [] {
     SimBackend sim(sim_options());

@@ -164,7 +164,10 @@ Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
   if (options.series) series.emplace(events.size());
   SeriesRecorder* rec = series ? &*series : nullptr;
   LagEvents lag;
-  if (options.gpu_lag > 1) lag.ring.assign(std::min(options.gpu_lag, kMaxGpuLag), nullptr);
+  if (options.gpu_lag > kMaxGpuLag)
+    throw std::invalid_argument("gpu_lag " + std::to_string(options.gpu_lag) + " is above " +
+                                std::to_string(kMaxGpuLag));
+  if (options.gpu_lag > 1) lag.ring.assign(options.gpu_lag, nullptr);
   GpuHooks hooks{{}, allocator, options, streams, r, error_flag, free0, rec, lag.ring};
   hooks.alloc_us.reserve(events.size() / 2);
   hooks.free_us.reserve(events.size() / 2);

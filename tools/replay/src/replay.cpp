@@ -362,7 +362,10 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
     std::unordered_map<std::uint64_t, StreamId> held{};
     std::uint64_t next_held = ~std::uint64_t{0};  // synthetic streams, downwards
 
-    void on_event(std::size_t, const Event&) { sim.advance(1); }
+    void on_event(std::size_t, const Event& e) {
+      sim.advance(1);
+      sim.queue_work(e.stream);
+    }
     void* on_alloc(std::size_t i, const Event& e) {
       void* p = nullptr;
       try {

@@ -83,9 +83,6 @@ int run_replay(ReplayArgs a) {
   if (a.gpu_lag != 0 && !gpu)
     throw ConfigError(
         "--gpu-lag needs --backend cuda (on the simulator: --config sim_event_latency:N)");
-  if (a.gpu_lag > kMaxGpuLag)
-    throw ConfigError("--gpu-lag " + std::to_string(a.gpu_lag) + " is above " +
-                      std::to_string(kMaxGpuLag));
   if (gpu) {
     const std::string why = cuda_unavailable_reason(a.device);
     if (!why.empty()) throw ConfigError("--backend cuda: " + why);

@@ -21,8 +21,8 @@ const ConfigTable<SimConfig>& SimConfig::table() {
   using S = SimConfig;
   static const ConfigTable<SimConfig> rows = {
       uint_key("sim_event_latency", &S::event_latency, 0, std::uint64_t{1} << 30,
-               "simulator: an event completes this many clock ticks (trace events) after it is "
-               "recorded"),
+               "simulator: how far the device runs behind, in trace events: an event completes "
+               "this many events after its stream's last work (a replayed event on it)"),
       size_key("sim_capacity", &S::capacity, 0, kMaxDeviceBytes,
                "simulator: device bytes (0: " + size_text(SimBackend::kDefaultCapacity) + ")"),
       // Devices map in granules of 64 KiB (older GPUs) to 2 MiB; smaller ones would make the
@@ -249,7 +249,11 @@ bool SimBackend::is_mapped(DevicePtr addr, std::size_t bytes) const {
 EventId SimBackend::record_event(StreamId stream) {
   const EventId id = next_event_++;
   const bool held = !held_streams_.empty() && held_streams_.count(stream) != 0;
-  events_.emplace(id, Event{now_ + options_.event_latency, stream, held});
+  const std::uint64_t latency = options_.event_latency;
+  std::uint64_t completes = now_ + latency;
+  if (const auto w = last_work_.find(stream); w != last_work_.end())
+    completes = std::max(w->second + latency, now_ + std::min<std::uint64_t>(latency, 1));
+  events_.emplace(id, Event{completes, stream, held});
   held_events_ += held;
   return id;
 }

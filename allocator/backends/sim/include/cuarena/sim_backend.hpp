@@ -4,6 +4,9 @@
 // exactly, enforces a capacity on them, and models stream completion with a logical clock: an
 // event recorded at tick t completes once the clock reaches t + event_latency. The replayer
 // advances the clock one tick per trace event; wait_event() jumps it forward (the host waited).
+// A stream told of its work (queue_work) is behind by its own work only: its event completes
+// event_latency ticks after the stream's last work, so a stream gone idle catches up, as a real
+// one does (no sooner than one tick after the record while event_latency >= 1).
 // Deterministic: the same calls give the same addresses and answers on every run.
 //
 // A stream can be held (hold_stream): events recorded on it while held stay incomplete, whatever
@@ -91,6 +94,11 @@ class SimBackend final : public DeviceBackend {
 
   /// Advances the device clock by `ticks`.
   void advance(std::uint64_t ticks = 1) { now_ += ticks; }
+  /// `stream` was given device work at the current tick (the replayer: a trace event on it).
+  /// From then on its events complete event_latency ticks after its latest work, and no sooner
+  /// than min(event_latency, 1) ticks after they are recorded. A stream never told of work keeps
+  /// the plain rule (event_latency ticks after the record).
+  void queue_work(StreamId stream) { last_work_[stream] = now_; }
   std::uint64_t now() const { return now_; }
 
   /// Physical memory created and not released, in bytes, and its peak.
@@ -166,6 +174,7 @@ class SimBackend final : public DeviceBackend {
   };
   std::unordered_map<EventId, Event> events_;
   std::unordered_set<StreamId> held_streams_;
+  std::unordered_map<StreamId, std::uint64_t> last_work_;  // tick of each stream's latest work
   std::size_t held_events_ = 0;  // events with `held` set (release_stream scans only when some are)
 };
 

@@ -91,7 +91,8 @@ constexpr std::uint64_t kLagKernelNs = 20'000;
 constexpr std::uint64_t kMaxGpuLag = 65'536;
 
 /// Replays one device's events. Fills peak_reserved (own accounting), latency percentiles
-/// (microseconds) and, in counters, the cudaMemGetInfo cross-check.
+/// (microseconds) and, in counters, the cudaMemGetInfo cross-check. Throws
+/// std::invalid_argument when options.gpu_lag is above kMaxGpuLag.
 Result replay_gpu(const std::vector<Event>& events, GpuAllocator& allocator,
                   const GpuReplayOptions& options);
 
