@@ -251,6 +251,7 @@ std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t
     const Arena& a = *f->arena;
     std::size_t first = 0, last = 0;
     a.interior(f->addr, f->size, first, last);
+    last = std::min(last, a.high_water());  // an absorbed free tail may span the reservation
     for (std::size_t g = first; g < last && got < want;) {
       if (!a.is_mapped(g)) {  // a hole of a shared block this one absorbed
         ++g;
@@ -310,6 +311,7 @@ std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
   for (const Block* f = sp.fifo.front(); f != nullptr && n < max; f = Fifo::next(f)) {
     std::size_t first = 0, last = 0;
     f->arena->interior(f->addr, f->size, first, last);
+    last = std::min(last, f->arena->high_water());
     for (std::size_t g = first; g < last && n < max; ++g)
       n += f->arena->is_mapped(g) && !mappings_.phys().whole(f->arena->phys(g).chunk);
   }
@@ -323,6 +325,7 @@ std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysR
     Arena& a = *f->arena;
     std::size_t first = 0, last = 0;
     a.interior(f->addr, f->size, first, last);
+    last = std::min(last, a.high_water());
     // The topmost run of actively mapped single granules (whole chunks go through
     // alias_whole), at most what is wanted.
     auto single = [&](std::size_t g) {
