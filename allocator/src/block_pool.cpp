@@ -205,7 +205,7 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   remove_free(b);
   if (b->size > size) insert_free(split_off(b, b->addr + size), fifo_pos, was_shared || was_warm);
   b->allocated = true;
-  // A shared block can lack granules; in memory-first mode an owned one can too (it may have
+  // A shared block can lack granules; placed unified, an owned one can too (it may have
   // absorbed a shared neighbour); a lazy one can in both modes.
   if ((was_shared || merged_ || b->lazy) && !ensure_mapped(b, b->addr, size, stream)) {
     b->allocated = false;
@@ -418,7 +418,7 @@ void BlockPool::make_shared(Block* b) {
 }
 
 void BlockPool::stamp(const Block* b) {
-  if (!merged_) return;  // only memory first steals from owned blocks
+  if (!merged_) return;  // only unified placement steals from owned blocks
   std::size_t first = 0, last = 0;
   b->arena->covering(b->addr, b->size, first, last);
   b->arena->stamp(first, last, {b->stream, b->free_seq});
@@ -432,13 +432,14 @@ bool BlockPool::finished(const Arena& a, std::size_t g) const {
 }
 
 void BlockPool::turn_memory_first() {
-  if (merged_ || segments_) return;
+  if (turned_ || segments_ || ctx_.config.whole_chunk_min == 0) return;
   settle();
-  merged_ = true;
   turned_ = true;
   ctx_.stats.memory_first = 1;
   mappings_.stop_whole_chunks();
-  // What memory first keeps for owned free blocks and default mode did not: an index by
+  if (merged_) return;  // placed unified already
+  merged_ = true;
+  // What unified placement keeps for owned free blocks and own-first did not: an index by
   // address, a place in warm_ (steal() looks there for finished granules), and the stamps
   // that say when their granules are finished (unstamped granules read as finished).
   for (auto& [id, sp] : streams_) {
@@ -469,8 +470,9 @@ std::size_t BlockPool::release_cached() {
   for (auto& arena : arenas_) mappings_.unmap_all_dormant(*arena);
   const std::size_t released = mappings_.release_idle_chunks();
   // A pool that turned memory-first when it ran short goes back to the default once it holds
-  // less than half of where it turned, if no free block is owned (the default keeps owned free
-  // blocks fully mapped; empty_cache() has waited for every stream, so none is left then).
+  // less than half of where it turned, if no free block is owned (own-first placement keeps
+  // owned free blocks fully mapped; empty_cache() has waited for every stream, so none is left
+  // then).
   if (!turned_ || double(ctx_.reserved()) >= tuning::kMemoryFirstTurnBackShare *
                                                  ctx_.config.whole_chunk_fraction *
                                                  double(ctx_.limit))
@@ -478,7 +480,8 @@ std::size_t BlockPool::release_cached() {
   for (const auto& [id, sp] : streams_) {
     if (!sp.fifo.empty() || !sp.retired.empty()) return released;
   }
-  merged_ = turned_ = false;
+  turned_ = false;
+  merged_ = ctx_.config.placement == Placement::kUnified;
   ctx_.stats.memory_first = 0;
   mappings_.resume_whole_chunks();
   return released;

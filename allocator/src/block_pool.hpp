@@ -4,11 +4,13 @@
 //   * allocated: handed out; every granule it overlaps is mapped (a lazy block: those its user
 //     asked for with back_part()).
 //   * owned free: freed on stream S, not yet known to be finished there. Only S may reuse it.
-//     In S's size index and S's free-order FIFO. Fully mapped.
+//     In S's size index and S's free-order FIFO. Fully mapped under own-first placement; placed
+//     unified (the default) it may have absorbed shared neighbours, holes and all, and give up
+//     granules whose frees completed.
 //   * shared free: an event recorded on its last stream after the free has completed (or it was
 //     never used). Any stream may reuse it, and its wholly-contained mapped granules may be
 //     unmapped at once ("stolen") to back another request. In the shared size index and, while
-//     it may hold mapped granules, in the LRU list `warm_`. (In default mode a free that finds
+//     it may hold mapped granules, in the LRU list `warm_`. (Placed own-first, a free that finds
 //     the event completed leaves the sharing owed to the next request, settle(): until then the
 //     block stays indexed as owned, and merges with nothing.)
 //   * retired: granule-aligned part of an owned block whose physical granules were re-mapped
@@ -16,7 +18,8 @@
 //     event on S shows S's earlier work is done; then it is unmapped and becomes shared. In S's
 //     retired list only.
 // Adjacent free blocks coalesce at once when in the same state (both shared, or both owned by one
-// stream); never across arenas; the lower-address block object survives a merge.
+// stream), and placed unified an owned block also absorbs the shared neighbours its stream used
+// last; never across arenas; the lower-address block object survives a merge.
 //
 // Physical memory (PhysicalPool) is never created while it can be found: a request first takes
 // back its own dormant mappings whose granules are idle; past the soft limit it steals cached
@@ -100,8 +103,9 @@ class BlockPool {
         mappings_(ctx),
         sweeps_(ctx.backend, ctx.stats),
         segments_(!ctx.backend.supports_mapping()),
-        merged_(!segments_ && ctx.config.whole_chunk_min == 0) {
-    if (merged_) ctx_.stats.memory_first = 1;
+        merged_(!segments_ &&
+                (ctx.config.whole_chunk_min == 0 || ctx.config.placement == Placement::kUnified)) {
+    if (!segments_ && ctx.config.whole_chunk_min == 0) ctx_.stats.memory_first = 1;
   }
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
@@ -147,11 +151,10 @@ class BlockPool {
   /// those sharing makes: unmapping dropped aliases (dormant_maps:0) and dormant mappings past
   /// their cap; it throws BackendError if one fails.
   void settle();
-  /// Turns the pool memory-first (as whole_chunk_min:0): one best fit over owned and shared
-  /// blocks, finished granules of owned blocks may move, no new whole chunks. For a pool that
-  /// ran short of memory: fewer bytes for more driver calls. It stays so until
-  /// release_cached() leaves it holding less than half of where it turned. A no-op in segment
-  /// mode or when already memory-first.
+  /// Turns the pool memory-first (as whole_chunk_min:0): no new whole chunks, and unified
+  /// placement if it was own-first. For a pool that ran short of memory: fewer bytes for more
+  /// driver calls. It stays so until release_cached() leaves it holding less than half of where
+  /// it turned. A no-op in segment mode or when already memory-first.
   void turn_memory_first();
 
   /// Unmaps every cached granule of shared blocks and releases idle chunks (segment mode: frees
@@ -233,10 +236,10 @@ class BlockPool {
   /// Stamps the granules b covers with its stream and free_seq (Arena::FreeStamp).
   void stamp(const Block* b);
 
-  /// Default mode shares lazily: a free that finds a sweep completed leaves the sharing it
+  /// Own-first placement shares lazily: a free that finds a sweep completed leaves the sharing it
   /// covers owed (owed_), and every entry point but deallocate() settles first. A block owed
   /// merges with nothing (mergeable()), so every request, and every coalescing, sees the pool
-  /// as if the sweep had been shared at the free. Memory first and segment mode share at once
+  /// as if the sweep had been shared at the free. Unified placement and segment mode share at once
   /// (their frees absorb shared neighbours, and warm_ is ordered by the time shared).
   bool lazy_shares() const { return !merged_ && !segments_; }
   /// b is an owned free or retired block that a completed sweep covers, its sharing owed.
@@ -257,11 +260,11 @@ class BlockPool {
   /// (a shared block, or an owned one where finished()), or nullptr. O(log n).
   const Block* free_holder(const Arena& a, std::size_t g) const;
   /// The free block to serve `size` from among those `sp`'s stream may use (its own and the
-  /// shared ones; see the .cpp), or nullptr. O(log n + candidates x granules). Memory first
-  /// places with it; the default when none of its own blocks fits.
+  /// shared ones; see the .cpp), or nullptr. O(log n + candidates x granules). Unified
+  /// placement places with it; own-first when none of the stream's own blocks fits.
   Block* best_fit(StreamPool& sp, std::size_t size);
-  /// The same for the default: the stream's own best fit, unless a tighter shared block needs
-  /// no new memory; on a miss, the shared fit missing fewest granules among the few smallest.
+  /// The same for own-first placement: the stream's own best fit, unless a tighter shared block
+  /// needs no new memory; on a miss, the shared fit missing fewest granules among the few smallest.
   Block* own_then_shared(StreamPool& sp, std::size_t size);
   /// Granules of [b->addr, b->addr+size) neither mapped nor coming back with no driver call,
   /// counted up to `limit` (the scan stops there: callers only compare against it).
@@ -335,13 +338,13 @@ class BlockPool {
   StreamId last_stream_ = 0;  // stream_pool()'s one-entry cache
   StreamPool* last_sp_ = nullptr;
   const bool segments_;  // segment mode: the backend cannot map
-  // Memory first (whole_chunk_min:0): an owned block absorbs shared neighbours its stream used,
-  // placement is one best fit over the stream's own and the shared blocks (best_fit), and
-  // finished granules of owned blocks can be stolen (Arena::FreeStamp). Less memory, more
-  // driver calls; the default keeps owned blocks fully mapped and tries them first
-  // (own_then_shared).
+  // Unified placement (the default, and always with memory first): an owned block absorbs
+  // shared neighbours its stream used, placement is one best fit over the stream's own and the
+  // shared blocks (best_fit), and finished granules of owned blocks can be stolen
+  // (Arena::FreeStamp). Less memory, steadier across device lags; placement:own_first keeps
+  // owned blocks fully mapped and tries them first (own_then_shared), for fewer instructions.
   bool merged_;
-  bool turned_ = false;  // merged_ by turn_memory_first(), not by the config
+  bool turned_ = false;  // memory-first by turn_memory_first(), not by the config
 };
 
 }  // namespace cuarena::detail

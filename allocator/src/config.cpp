@@ -216,6 +216,13 @@ const ConfigTable<Config>& Config::table() {
                "no driver calls from about the sixth iteration for what repeats exactly; with "
                "whole_chunk_min:0 less memory than PyTorch's in training (experimental; figures "
                "in docs/results.md)"),
+      choice_key("placement", &C::placement,
+                 {{"unified", Placement::kUnified}, {"own_first", Placement::kOwnFirst}},
+                 "where a large request goes: `unified` (one best fit over the stream's own "
+                 "and the shared free blocks, which absorb each other: less memory, steady "
+                 "across device lags) or `own_first` (the stream's own blocks first: about "
+                 "100 ns less per allocate+free, more memory); memory first always places "
+                 "unified"),
       choice_key(
           "upstream", &C::upstream,
           {{"vmm", Upstream::kVmm}, {"async", Upstream::kAsync}, {"malloc", Upstream::kMalloc}},

@@ -94,8 +94,9 @@ void BlockPool::check_invariants() const {
     }
   }
   if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");
-  // Sharing is owed only in default mode, never beyond what a stream's sweeps completed.
-  if (!owed_.empty() && !lazy_shares()) broken("sharing owed outside default mode");
+  // Sharing is owed only under own-first placement, never beyond what a stream's sweeps
+  // completed.
+  if (!owed_.empty() && !lazy_shares()) broken("sharing owed outside own-first placement");
   for (const auto& [sp, covered] : owed_)
     if (covered > sp->done) broken("sharing owed past a stream's completed sweeps");
   if (segment_bytes != mappings_.segment_bytes()) broken("segment bytes disagree with the arenas");

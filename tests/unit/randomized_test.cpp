@@ -293,6 +293,8 @@ const Scenario kScenarios[] = {
     {"no_dormant_maps_tight", 384 * MiB, 10, "dormant_maps:0", 2000},
     {"segments_roomy", 8 * GiB, 1, "upstream:malloc", 3000},
     {"segments_tight_laggy", 384 * MiB, 20, "upstream:async", 3000},
+    {"own_first_laggy", 8 * GiB, 200, "placement:own_first", 3000},
+    {"own_first_tight", 384 * MiB, 20, "placement:own_first", 3000},
 };
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Randomized,
@@ -315,6 +317,7 @@ constexpr Scenario kLongScenarios[] = {
     {"small_whole_chunks_tight", 512 * MiB, 4, "whole_chunk_max:8MiB,dormant_maps:1",
      170'000 / kSanitizerScale},
     {"segments_tight", 512 * MiB, 8, "upstream:malloc", 170'000 / kSanitizerScale},
+    {"own_first_laggy", 8 * GiB, 64, "placement:own_first", 170'000 / kSanitizerScale},
 };
 constexpr int long_ops() {
   int n = 0;
@@ -458,6 +461,7 @@ const Scenario kLoopScenarios[] = {
     {"loop_plan", 16 * GiB, 1, "loop_plan:True", 0},
     {"loop_plan_laggy", 16 * GiB, 16, "loop_plan:True", 0},
     {"loop_plan_memory_first", 16 * GiB, 4, "loop_plan:True,whole_chunk_min:0", 0},
+    {"own_first_laggy", 16 * GiB, 16, "placement:own_first", 0},
 };
 constexpr int kLoopIterations = 12;
 constexpr std::size_t kLoopBlocks = 150;

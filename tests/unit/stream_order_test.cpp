@@ -178,13 +178,13 @@ TEST(StreamOrder, CrossStreamStealingWaitsForTheEvent) {
   a.check_invariants();
 }
 
-// The default shares lazily: a free that finds a sweep completed leaves what it covers owed to
-// the next request. Both tests free, on stream 1, blocks laid out p[0] | p[1] | ... so that a
+// Own-first placement shares lazily: a free that finds a sweep completed leaves what it covers
+// owed to the next request. Both tests free, on stream 1, blocks laid out p[0] | p[1] | ... so that a
 // later free lands between blocks whose sharing is owed; every 2nd free checks the sweeps.
 struct OwedSharing : ::testing::Test {
   static constexpr std::size_t kBlock = 2 * MiB;
   SimBackend sim{sim_options(1 * GiB, 1)};
-  Allocator a{sim, Config::parse("small_limit:512,sweep_interval:2")};
+  Allocator a{sim, Config::parse("small_limit:512,sweep_interval:2,placement:own_first")};
   std::vector<void*> p;
 
   void SetUp() override {
@@ -220,13 +220,13 @@ TEST_F(OwedSharing, ARequestSeesWhatTheFreesLeftOwed) {
   for (void* x : {q, p[1], p[3]}) a.deallocate(x);
 }
 
-// Readers (statistics, snapshots) do not settle owed sharing: they never call the device. Here
+// Readers (statistics, snapshots) do not settle owed sharing (own-first placement): they never call the device. Here
 // the sharing owed drops an alias, which with dormant_maps:0 unmaps.
 TEST(OwedSharingReaders, MakeNoDriverCall) {
   SimBackend::Options o = sim_options(64 * MiB, 1);
   SimBackend sim(o);
   Allocator a(sim, Config::parse("dormant_maps:0,sweep_interval:1,small_limit:512,"
-                                 "whole_chunk_fraction:1"));
+                                 "whole_chunk_fraction:1,placement:own_first"));
   void* x = a.allocate(4 * MiB, 1);
   void* c = a.allocate(4 * MiB, 1);
   void* d = a.allocate(4 * MiB, 1);
