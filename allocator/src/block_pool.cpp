@@ -194,7 +194,8 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   StreamPool& sp = stream_pool(stream);
   // A miss on the stream's own blocks first lets finished streams' blocks become shared.
   if (sp.free.lower_bound(size) == sp.free.end()) poll_sweeps();
-  Block* b = merged_ ? best_fit(sp, size) : own_then_shared(sp, size);
+  bool mapped = false;  // the placement found every granule of the range active
+  Block* b = merged_ ? best_fit(sp, size, mapped) : own_then_shared(sp, size, mapped);
   if (b == nullptr) b = new_arena(size, stream);
   if (b == nullptr) return nullptr;  // a segment backend refused
   // Detach b (marked allocated) before anything can coalesce it away, and split off the
@@ -207,7 +208,7 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   b->allocated = true;
   // A shared block can lack granules; placed unified, an owned one can too (it may have
   // absorbed a shared neighbour); a lazy one can in both modes.
-  if ((was_shared || merged_ || b->lazy) && !ensure_mapped(b, b->addr, size, stream)) {
+  if ((was_shared || merged_ || b->lazy) && !mapped && !ensure_mapped(b, b->addr, size, stream)) {
     b->allocated = false;
     insert_free(coalesce(b));
     return nullptr;
@@ -220,26 +221,29 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   return b;
 }
 
-Block* BlockPool::own_then_shared(StreamPool& sp, std::size_t size) {
+Block* BlockPool::own_then_shared(StreamPool& sp, std::size_t size, bool& mapped) {
   auto own = sp.free.lower_bound(size);
   Block* b = own == sp.free.end() ? nullptr : *own;
+  mapped = b != nullptr && !b->lazy;  // owned blocks are fully mapped here
   if (b != nullptr && b->size > size) {
     // A tighter shared block that needs no new memory beats a looser owned one, as one best fit
     // over both would choose (PyTorch's single best fit): splitting a looser block than needed
     // costs 8-12% more memory on the bundled training traces.
     auto it = shared_free_.lower_bound(size);
-    if (it != shared_free_.end() && (*it)->size < b->size && missing_granules(*it, size, 1) == 0)
+    if (it != shared_free_.end() && (*it)->size < b->size && missing_granules(*it, size, 1) == 0) {
       b = *it;
+      mapped = false;
+    }
   }
   if (b != nullptr) return b;
   // No own block fits, so best_fit() sees only the shared ones: among the few smallest, the one
   // missing fewest granules (best fit by size alone would often pick a block whose granules were
   // stolen over a slightly larger one still backed, and stealing for it moves memory every
   // iteration).
-  return best_fit(sp, size);
+  return best_fit(sp, size, mapped);
 }
 
-Block* BlockPool::best_fit(StreamPool& sp, std::size_t size) {
+Block* BlockPool::best_fit(StreamPool& sp, std::size_t size, bool& mapped) {
   // The few smallest fits, by size over the stream's own blocks and the shared ones merged (its
   // own first on equal sizes), as one index would give them: the first that needs no driver call
   // wins, else the one missing fewest granules. A loop that found its mappings in place finds them
@@ -250,6 +254,7 @@ Block* BlockPool::best_fit(StreamPool& sp, std::size_t size) {
   auto shared = shared_free_.lower_bound(size);
   Block* best = nullptr;
   std::size_t best_missing = SIZE_MAX;
+  mapped = false;
   for (int seen = 0; seen < candidates; ++seen) {
     const bool own_left = own != sp.free.end(), shared_left = shared != shared_free_.end();
     if (!own_left && !shared_left) break;
@@ -259,24 +264,28 @@ Block* BlockPool::best_fit(StreamPool& sp, std::size_t size) {
       c = *own++;
     else
       c = *shared++;
-    const std::size_t missing = missing_granules(c, size, best_missing);
-    if (missing < best_missing) {
+    std::size_t unmapped = 0;
+    const std::size_t missing = missing_granules(c, size, best_missing, &unmapped);
+    if (missing < best_missing) {  // the scan ran to the end: unmapped is exact
       best = c;
       best_missing = missing;
+      mapped = unmapped == 0;
       if (missing == 0) break;
     }
   }
   return best;
 }
 
-std::size_t BlockPool::missing_granules(const Block* b, std::size_t size, std::size_t limit) const {
-  if (segments_) return 0;
+std::size_t BlockPool::missing_granules(const Block* b, std::size_t size, std::size_t limit,
+                                        std::size_t* unmapped) const {
+  if (segments_) return 0;  // (a segment is backed whole: nothing unmapped either)
   const Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
   a.covering(b->addr, size, first, last);
   std::size_t missing = 0;
   for (std::size_t g = first; g < last && missing < limit; ++g) {
     if (a.is_mapped(g)) continue;
+    if (unmapped != nullptr) ++*unmapped;
     bool back = false;  // a dormant granule that comes back with no driver call
     if (a.is_dormant(g)) {
       const PhysRef p = a.phys(g);

@@ -262,14 +262,18 @@ class BlockPool {
   /// The free block to serve `size` from among those `sp`'s stream may use (its own and the
   /// shared ones; see the .cpp), or nullptr. O(log n + candidates x granules). Unified
   /// placement places with it; own-first when none of the stream's own blocks fits.
-  Block* best_fit(StreamPool& sp, std::size_t size);
+  /// Sets `mapped` when the block's first `size` bytes need nothing backed (every granule
+  /// active).
+  Block* best_fit(StreamPool& sp, std::size_t size, bool& mapped);
   /// The same for own-first placement: the stream's own best fit, unless a tighter shared block
   /// needs no new memory; on a miss, the shared fit missing fewest granules among the few smallest.
-  Block* own_then_shared(StreamPool& sp, std::size_t size);
+  Block* own_then_shared(StreamPool& sp, std::size_t size, bool& mapped);
   /// Granules of [b->addr, b->addr+size) neither mapped nor coming back with no driver call,
   /// counted up to `limit` (the scan stops there: callers only compare against it).
-  std::size_t missing_granules(const Block* b, std::size_t size,
-                               std::size_t limit = SIZE_MAX) const;
+  /// `unmapped`, when given, gets the granules not active there (missing or dormant), counted
+  /// in full unless the scan stopped at `limit`.
+  std::size_t missing_granules(const Block* b, std::size_t size, std::size_t limit = SIZE_MAX,
+                               std::size_t* unmapped = nullptr) const;
   /// Backs [addr, addr+size) of detached (or lazy allocated) block b for `stream`; false if
   /// refused. The search order, as a few calls: see the .cpp.
   bool ensure_mapped(Block* b, DevicePtr addr, std::size_t size, StreamId stream);
