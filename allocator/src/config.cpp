@@ -219,10 +219,10 @@ const ConfigTable<Config>& Config::table() {
       choice_key("placement", &C::placement,
                  {{"unified", Placement::kUnified}, {"own_first", Placement::kOwnFirst}},
                  "where a large request goes: `unified` (one best fit over the stream's own "
-                 "and the shared free blocks, which absorb each other: less memory, steady "
-                 "across device lags) or `own_first` (the stream's own blocks first: about "
-                 "100 ns less per allocate+free, more memory); memory first always places "
-                 "unified"),
+                 "and the shared free blocks, a freed block absorbing the shared neighbours its "
+                 "stream used last: less memory, steady across device lags) or `own_first` (the "
+                 "stream's own blocks first: fewer instructions per call, more memory); memory "
+                 "first always places unified"),
       choice_key(
           "upstream", &C::upstream,
           {{"vmm", Upstream::kVmm}, {"async", Upstream::kAsync}, {"malloc", Upstream::kMalloc}},
