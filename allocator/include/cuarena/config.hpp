@@ -95,7 +95,8 @@ struct Config {
   /// lag) barely moves the layout: less memory, steadier across lags. kOwnFirst: the stream's
   /// own blocks (kept fully mapped) first, shared ones after a miss, and the sharing of
   /// completed frees left to the next request: fewer instructions per call (10-50% fewer
-  /// over the bundled traces' replays), more memory and a layout that moves with the lag. Memory first (whole_chunk_min:0) always places unified.
+  /// over the bundled traces' replays), more memory and a layout that moves with the lag. Memory
+  /// first (whole_chunk_min:0) always places unified.
   Placement placement = Placement::kUnified;
   /// Which device upstream serves physical memory: vmm (mapping), async (cudaMallocAsync
   /// segments), malloc (cudaMalloc segments). The simulator models async and malloc alike, as a
