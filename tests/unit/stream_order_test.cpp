@@ -179,8 +179,8 @@ TEST(StreamOrder, CrossStreamStealingWaitsForTheEvent) {
 }
 
 // Own-first placement shares lazily: a free that finds a sweep completed leaves what it covers
-// owed to the next request. Both tests free, on stream 1, blocks laid out p[0] | p[1] | ... so that a
-// later free lands between blocks whose sharing is owed; every 2nd free checks the sweeps.
+// owed to the next request. Both tests free, on stream 1, blocks laid out p[0] | p[1] | ... so that
+// a later free lands between blocks whose sharing is owed; every 2nd free checks the sweeps.
 struct OwedSharing : ::testing::Test {
   static constexpr std::size_t kBlock = 2 * MiB;
   SimBackend sim{sim_options(1 * GiB, 1)};
@@ -220,8 +220,8 @@ TEST_F(OwedSharing, ARequestSeesWhatTheFreesLeftOwed) {
   for (void* x : {q, p[1], p[3]}) a.deallocate(x);
 }
 
-// Readers (statistics, snapshots) do not settle owed sharing (own-first placement): they never call the device. Here
-// the sharing owed drops an alias, which with dormant_maps:0 unmaps.
+// Readers (statistics, snapshots) do not settle owed sharing (own-first placement): they never call
+// the device. Here the sharing owed drops an alias, which with dormant_maps:0 unmaps.
 TEST(OwedSharingReaders, MakeNoDriverCall) {
   SimBackend::Options o = sim_options(64 * MiB, 1);
   SimBackend sim(o);
