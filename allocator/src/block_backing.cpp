@@ -49,8 +49,7 @@ bool BlockPool::ensure_mapped(Block* b, DevicePtr addr, std::size_t size, Stream
     return true;
   // Growing past whole_chunk_fraction of the limit: memory is short, so from now on it goes
   // memory-first (fewer bytes for more driver calls; measured: docs/results.md).
-  if (!turned_ && ctx_.config.whole_chunk_min != 0 && !segments_ &&
-      ctx_.config.whole_chunk_fraction < 1.0 &&
+  if (can_turn_memory_first() && ctx_.config.whole_chunk_fraction < 1.0 &&
       double(ctx_.reserved() + shortfall(r, mappings_.idle_granules())) >
           ctx_.config.whole_chunk_fraction * double(ctx_.limit))
     turn_memory_first();

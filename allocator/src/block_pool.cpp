@@ -441,7 +441,7 @@ bool BlockPool::finished(const Arena& a, std::size_t g) const {
 }
 
 void BlockPool::turn_memory_first() {
-  if (turned_ || segments_ || ctx_.config.whole_chunk_min == 0) return;
+  if (!can_turn_memory_first()) return;
   settle();
   turned_ = true;
   ctx_.stats.memory_first = 1;
@@ -490,7 +490,7 @@ std::size_t BlockPool::release_cached() {
     if (!sp.fifo.empty() || !sp.retired.empty()) return released;
   }
   turned_ = false;
-  merged_ = ctx_.config.placement == Placement::kUnified;
+  merged_ = unified_by_config();  // whole_chunk_min != 0 here: it turned
   ctx_.stats.memory_first = 0;
   mappings_.resume_whole_chunks();
   return released;

@@ -103,8 +103,7 @@ class BlockPool {
         mappings_(ctx),
         sweeps_(ctx.backend, ctx.stats),
         segments_(!ctx.backend.supports_mapping()),
-        merged_(!segments_ &&
-                (ctx.config.whole_chunk_min == 0 || ctx.config.placement == Placement::kUnified)) {
+        merged_(!segments_ && (ctx.config.whole_chunk_min == 0 || unified_by_config())) {
     if (!segments_ && ctx.config.whole_chunk_min == 0) ctx_.stats.memory_first = 1;
   }
   ~BlockPool();
@@ -156,6 +155,11 @@ class BlockPool {
   /// driver calls. It stays so until release_cached() leaves it holding less than half of where
   /// it turned. A no-op in segment mode or when already memory-first.
   void turn_memory_first();
+  /// True while turn_memory_first() would change something: a mapping pool with whole chunks
+  /// that has not turned.
+  bool can_turn_memory_first() const {
+    return !turned_ && !segments_ && ctx_.config.whole_chunk_min != 0;
+  }
 
   /// Unmaps every cached granule of shared blocks and releases idle chunks (segment mode: frees
   /// every wholly free shared segment, then trims the upstream). Returns bytes released.
@@ -348,6 +352,7 @@ class BlockPool {
   // (Arena::FreeStamp). Less memory, steadier across device lags; placement:own_first keeps
   // owned blocks fully mapped and tries them first (own_then_shared), for fewer instructions.
   bool merged_;
+  bool unified_by_config() const { return ctx_.config.placement == Placement::kUnified; }
   bool turned_ = false;  // memory-first by turn_memory_first(), not by the config
 };
 
