@@ -61,6 +61,7 @@
 #include "context.hpp"
 #include "intrusive_list.hpp"
 #include "mappings.hpp"
+#include "node_cache.hpp"
 #include "stream_sweeps.hpp"
 
 namespace cuarena::detail {
@@ -94,7 +95,9 @@ struct BySize {
   bool operator()(const Block* a, std::size_t size) const { return a->size < size; }
   bool operator()(std::size_t size, const Block* b) const { return size < b->size; }
 };
-using SizeIndex = std::set<Block*, BySize>;
+using SizeIndex = std::set<Block*, BySize, CachedAllocator<Block*>>;
+using AddressIndex =
+    std::map<DevicePtr, Block*, std::less<>, CachedAllocator<std::pair<const DevicePtr, Block*>>>;
 
 class BlockPool {
  public:
@@ -203,6 +206,7 @@ class BlockPool {
                           std::size_t& total, std::size_t& largest);
   /// A stream's free blocks; its sweep state (free numbers, events) is the base.
   struct StreamPool : StreamSweeps::Stream {
+    explicit StreamPool(NodeCache* nodes) : free(CachedAllocator<Block*>(nodes)) {}
     SizeIndex free;
     IntrusiveList<Block, &Block::fifo> fifo;     // owned free blocks, sorted by free_seq
     IntrusiveList<Block, &Block::fifo> retired;  // retired blocks, sorted by free_seq
@@ -212,7 +216,7 @@ class BlockPool {
     // Consecutive calls are mostly for one stream: skip the hash lookup then. (streams_ is a
     // node-based map whose entries are never erased, so the pointer stays valid.)
     if (last_sp_ == nullptr || stream != last_stream_) {
-      last_sp_ = &streams_[stream];
+      last_sp_ = &streams_.try_emplace(stream, &size_nodes_).first->second;
       last_sp_->id = stream;
       last_stream_ = stream;
     }
@@ -335,11 +339,15 @@ class BlockPool {
   Mappings mappings_;  // the physical memory and every memory call to the device
   std::vector<std::unique_ptr<Arena>> arenas_;
   std::vector<Block*> arena_first_;  // block at each arena's base; never merged away
+  // Before the indexes: their nodes go back to these when they are destroyed.
+  NodeCache size_nodes_;     // SizeIndex nodes (shared_free_, every stream's free)
+  NodeCache address_nodes_;  // free_by_addr_'s nodes
   std::unordered_map<StreamId, StreamPool> streams_;
   StreamSweeps sweeps_;  // after streams_: its destructor releases their events in flight
-  SizeIndex shared_free_;
-  std::map<DevicePtr, Block*> free_by_addr_;  // shared and owned free blocks by address
-  IntrusiveList<Block, &Block::lru> warm_;    // LRU: front = freed longest ago
+  SizeIndex shared_free_{CachedAllocator<Block*>(&size_nodes_)};
+  AddressIndex free_by_addr_{// shared and owned free blocks by address
+                             CachedAllocator<std::pair<const DevicePtr, Block*>>(&address_nodes_)};
+  IntrusiveList<Block, &Block::lru> warm_;  // LRU: front = freed longest ago
   // Sharing owed by completed sweeps, in completion order: (stream, free number covered).
   std::vector<std::pair<StreamPool*, std::uint64_t>> owed_;
   std::size_t free_blocks_ = 0;
