@@ -70,7 +70,7 @@ void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
     ++free_blocks_;
     shared_free_.insert(b);
     if (!segments_) free_by_addr_.emplace(b->addr, b);
-    if (warm && !b->arena->segment()) warm_.push_back(b);  // a segment is never unmapped
+    if (warm && !b->arena->segment()) warm_.insert_before(warm_before_, b);  // segments never unmap
     return;
   }
   StreamPool& sp = stream_pool(b->stream);
@@ -84,7 +84,7 @@ void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
   if (merged_) {
     free_by_addr_.emplace(b->addr, b);
     // It may hold finished granules (of a shared block it absorbed): steal() looks.
-    if (warm) warm_.push_back(b);
+    if (warm) warm_.insert_before(warm_before_, b);
   }
 }
 
@@ -139,7 +139,12 @@ Block* BlockPool::coalesce(Block* b) {
   };
   bool crossed = false;  // merged across states: keep b's state and its stream's free order
   const bool shared = b->shared;
-  while (absorbable(b->prev) || absorbable(b->next)) {
+  // Placed unified, what b absorbs depends on what owed sharing would have merged: share first.
+  const auto settle_if_near_owed = [&] {
+    if (merged_ && owned && !owed_.empty() && near_owed(b)) settle();
+    return true;
+  };
+  while (settle_if_near_owed() && (absorbable(b->prev) || absorbable(b->next))) {
     if (absorbable(b->prev)) {
       Block* p = b->prev;
       crossed |= p->shared != shared;
@@ -310,7 +315,19 @@ void BlockPool::deallocate(Block* b) {
   if (lazy_shares()) {
     // Sharing what a completed sweep covers is owed to the pool's next request (settle()): the
     // free stays a few set operations, and only a request can reuse what is shared.
-    sweeps_.poll(sp, [&](std::uint64_t covered) { owed_.push_back({&sp, covered}); });
+    sweeps_.poll(sp, [&](std::uint64_t covered) {
+      Block* sentinel = nullptr;
+      if (merged_) {  // warm_'s order is the order blocks were shared in
+        if (spare_sentinels_.empty()) {
+          sentinels_.push_back(std::make_unique<Block>());
+          spare_sentinels_.push_back(sentinels_.back().get());
+        }
+        sentinel = spare_sentinels_.back();
+        spare_sentinels_.pop_back();
+        warm_.push_back(sentinel);
+      }
+      owed_.push_back({&sp, covered, sentinel});
+    });
     // A long run of frees with no request in between settles now and then, to bound owed_.
     if (owed_.size() > tuning::kMaxOwedShares) settle();
   } else {
@@ -320,9 +337,32 @@ void BlockPool::deallocate(Block* b) {
 }
 
 void BlockPool::settle() {
-  // In the order the sweeps completed, as if each had been shared at its poll.
-  for (const auto& [sp, covered] : owed_) share_covered(*sp, covered);
-  owed_.clear();
+  if (owed_.empty()) return;
+  // In the order the sweeps completed, as if each had been shared at its poll. (Sharing coalesces
+  // only shared blocks, so the entries still to come need not be owed meanwhile.)
+  std::vector<Owed> owed;
+  owed.swap(owed_);
+  for (const Owed& o : owed) {
+    warm_before_ = o.sentinel;
+    share_covered(*o.sp, o.covered);
+    if (o.sentinel != nullptr) {
+      warm_.erase(o.sentinel);
+      spare_sentinels_.push_back(o.sentinel);
+    }
+  }
+  warm_before_ = nullptr;
+  owed.clear();
+  if (owed_.empty()) owed_.swap(owed);  // keep the capacity
+}
+
+bool BlockPool::near_owed(const Block* b) const {
+  for (const Block* n : {b->prev, b->next}) {
+    if (n == nullptr || n->allocated) continue;
+    if (owes(n)) return true;  // an owned free or retired block
+    const Block* far = n == b->prev ? n->prev : n->next;
+    if (n->shared && far != nullptr && owes(far)) return true;
+  }
+  return false;
 }
 
 bool BlockPool::owes(const Block* b) const {

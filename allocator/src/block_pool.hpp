@@ -10,9 +10,10 @@
 //   * shared free: an event recorded on its last stream after the free has completed (or it was
 //     never used). Any stream may reuse it, and its wholly-contained mapped granules may be
 //     unmapped at once ("stolen") to back another request. In the shared size index and, while
-//     it may hold mapped granules, in the LRU list `warm_`. (Placed own-first, a free that finds
-//     the event completed leaves the sharing owed to the next request, settle(): until then the
-//     block stays indexed as owned, and merges with nothing.)
+//     it may hold mapped granules, in the LRU list `warm_`. (A free that finds the event
+//     completed leaves the sharing owed to the next request, settle(): until then the block
+//     stays indexed as owned and merges with nothing, and a free that could absorb it settles
+//     first. Segment mode shares at once.)
 //   * retired: granule-aligned part of an owned block whose physical granules were re-mapped
 //     (aliased) under another request of the same stream. Its old mapping stays until a sweep
 //     event on S shows S's earlier work is done; then it is unmapped and becomes shared. In S's
@@ -244,17 +245,26 @@ class BlockPool {
   /// Stamps the granules b covers with its stream and free_seq (Arena::FreeStamp).
   void stamp(const Block* b);
 
-  /// Own-first placement shares lazily: a free that finds a sweep completed leaves the sharing it
-  /// covers owed (owed_), and every entry point but deallocate() settles first. A block owed
-  /// merges with nothing (mergeable()), so every request, and every coalescing, sees the pool
-  /// as if the sweep had been shared at the free. Unified placement and segment mode share at once
-  /// (their frees absorb shared neighbours, and warm_ is ordered by the time shared).
-  bool lazy_shares() const { return !merged_ && !segments_; }
+  /// Frees share lazily: a free that finds a sweep completed leaves the sharing it covers owed
+  /// (owed_), and every entry point but deallocate() settles first, so requests see the pool as
+  /// if the sweep had been shared at the free. A block owed merges with nothing (mergeable()).
+  /// Placed unified, a free also absorbs shared neighbours, so a free whose coalescing could
+  /// reach an owed block settles first (near_owed()), and sharing puts blocks in warm_ where the
+  /// free that owed it stood (a sentinel), keeping every placement and driver call. Segment mode
+  /// shares at once (its frees absorb any shared neighbour).
+  bool lazy_shares() const { return !segments_; }
   /// b is an owned free or retired block that a completed sweep covers, its sharing owed.
   bool owes(const Block* b) const;
-  /// Records a sweep on sp's stream if it has free or retired blocks no sweep covers yet.
+  /// Coalescing detached free block b could meet a block whose sharing is owed: a neighbour owed
+  /// (free or retired), or a shared neighbour (coalesced, so its far neighbour is not shared) next
+  /// to one owed.
+  bool near_owed(const Block* b) const;
+  /// Records a sweep on sp's stream if it has free or retired blocks no completed sweep covers.
   void start_sweep(StreamPool& sp) {
-    if (!sp.fifo.empty() || !sp.retired.empty()) sweeps_.record(sp);
+    const auto uncovered = [&](const IntrusiveList<Block, &Block::fifo>& l) {
+      return !l.empty() && l.back()->free_seq > sp.done;  // sorted: the back is the newest
+    };
+    if (uncovered(sp.fifo) || uncovered(sp.retired)) sweeps_.record(sp);
   }
   /// Retires the stream's completed sweeps (oldest first), sharing the blocks they cover.
   void poll_stream(StreamPool& sp);
@@ -348,8 +358,17 @@ class BlockPool {
   AddressIndex free_by_addr_{// shared and owned free blocks by address
                              CachedAllocator<std::pair<const DevicePtr, Block*>>(&address_nodes_)};
   IntrusiveList<Block, &Block::lru> warm_;  // LRU: front = freed longest ago
-  // Sharing owed by completed sweeps, in completion order: (stream, free number covered).
-  std::vector<std::pair<StreamPool*, std::uint64_t>> owed_;
+  // Sharing owed by completed sweeps, in completion order: the stream, the free number covered,
+  // and (placed unified) the sentinel in warm_ where the free that polled stood.
+  struct Owed {
+    StreamPool* sp;
+    std::uint64_t covered;
+    Block* sentinel;
+  };
+  std::vector<Owed> owed_;
+  std::vector<std::unique_ptr<Block>> sentinels_;  // every sentinel made
+  std::vector<Block*> spare_sentinels_;            // those not in warm_
+  Block* warm_before_ = nullptr;                   // while settling: where shared blocks join warm_
   std::size_t free_blocks_ = 0;
   StreamId last_stream_ = 0;  // stream_pool()'s one-entry cache
   StreamPool* last_sp_ = nullptr;

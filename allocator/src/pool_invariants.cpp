@@ -94,11 +94,14 @@ void BlockPool::check_invariants() const {
     }
   }
   if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");
-  // Sharing is owed only under own-first placement, never beyond what a stream's sweeps
-  // completed.
-  if (!owed_.empty() && !lazy_shares()) broken("sharing owed outside own-first placement");
-  for (const auto& [sp, covered] : owed_)
-    if (covered > sp->done) broken("sharing owed past a stream's completed sweeps");
+  // Sharing is owed never in segment mode nor beyond what a stream's sweeps completed; placed
+  // unified, each entry has its sentinel in warm_.
+  if (!owed_.empty() && !lazy_shares()) broken("sharing owed in segment mode");
+  for (const Owed& o : owed_) {
+    if (o.covered > o.sp->done) broken("sharing owed past a stream's completed sweeps");
+    if (merged_ != (o.sentinel != nullptr && o.sentinel->lru.linked))
+      broken("owed sharing without its place in the LRU list");
+  }
   if (segment_bytes != mappings_.segment_bytes()) broken("segment bytes disagree with the arenas");
   if (segments_ && !warm_.empty()) broken("a segment block is in the LRU list");
   mappings_.phys().check_invariants(arenas, ctx_.reserved() - mappings_.segment_bytes());

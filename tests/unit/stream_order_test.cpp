@@ -178,13 +178,15 @@ TEST(StreamOrder, CrossStreamStealingWaitsForTheEvent) {
   a.check_invariants();
 }
 
-// Own-first placement shares lazily: a free that finds a sweep completed leaves what it covers
-// owed to the next request. Both tests free, on stream 1, blocks laid out p[0] | p[1] | ... so that
-// a later free lands between blocks whose sharing is owed; every 2nd free checks the sweeps.
+// Frees share lazily: a free that finds a sweep completed leaves what it covers owed to the next
+// request. The tests free, on stream 1, blocks laid out p[0] | p[1] | ... so that a later free
+// lands between blocks whose sharing is owed; every 2nd free checks the sweeps.
 struct OwedSharing : ::testing::Test {
   static constexpr std::size_t kBlock = 2 * MiB;
+  explicit OwedSharing(const char* placement = "placement:own_first")
+      : a{sim, Config::parse(std::string("small_limit:512,sweep_interval:2,") + placement)} {}
   SimBackend sim{sim_options(1 * GiB, 1)};
-  Allocator a{sim, Config::parse("small_limit:512,sweep_interval:2,placement:own_first")};
+  Allocator a;
   std::vector<void*> p;
 
   void SetUp() override {
@@ -208,6 +210,30 @@ TEST_F(OwedSharing, AFreeBesideBlocksOwedSharingLeavesThemToBeShared) {
   EXPECT_EQ(m.owned_cached, 3 * kBlock);
   EXPECT_GE(m.shared_cached, 2 * kBlock);
   a.deallocate(p[3]);
+}
+
+// Placed unified, a free absorbs the shared neighbours its stream used: one beside blocks owed
+// sharing settles first and absorbs them, as if they had been shared at the 4th free.
+struct OwedSharingUnified : OwedSharing {
+  OwedSharingUnified() : OwedSharing("placement:unified") {}
+};
+
+TEST_F(OwedSharingUnified, AFreeBesideBlocksOwedSharingAbsorbsThem) {
+  EXPECT_GE(a.memory_breakdown().shared_cached, 2 * kBlock) << "p[0], p[2] not owed (read shared)";
+  a.deallocate(p[1]);
+  a.check_invariants();
+  const Allocator::MemoryBreakdown m = a.memory_breakdown();
+  EXPECT_EQ(m.owned_cached, 5 * kBlock) << "p[1] did not absorb p[0] and p[2]";
+  EXPECT_EQ(m.shared_cached, 0u);
+  a.deallocate(p[3]);
+  a.check_invariants();
+}
+
+TEST_F(OwedSharingUnified, ARequestSeesWhatTheFreesLeftOwed) {
+  void* q = a.allocate(kBlock, 2);
+  EXPECT_TRUE(q == p[0] || q == p[2]) << "stream 2 did not get a block the sweep shared";
+  a.check_invariants();
+  for (void* x : {q, p[1], p[3]}) a.deallocate(x);
 }
 
 TEST_F(OwedSharing, ARequestSeesWhatTheFreesLeftOwed) {
