@@ -291,8 +291,8 @@ std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t
 
 void BlockPool::retire(StreamPool& sp, Block* f, std::size_t g0, std::size_t g1) {
   const Arena& a = *f->arena;
-  Block* next = Fifo::next(f);  // the pieces keep f's place in the free order
-  remove_free(f);
+  Block* next = Fifo::next(f);            // the pieces keep f's place in the free order
+  remove_free(f, /*keep_address=*/true);  // f stays free there, or becomes `mid`
   Block* mid = f;
   if (a.granule_addr(g0) > f->addr) {
     mid = split_off(f, a.granule_addr(g0));

@@ -66,10 +66,15 @@ Block* BlockPool::add_arena_block() {
 }
 
 void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
+  if (!addressable(b)) {
+    unaddress(b);
+  } else if (!b->addressed) {
+    free_by_addr_.emplace(b->addr, b);
+    b->addressed = true;
+  }
   if (b->shared) {
     ++free_blocks_;
     shared_free_.insert(b);
-    if (!segments_) free_by_addr_.emplace(b->addr, b);
     if (warm && !b->arena->segment()) warm_.insert_before(warm_before_, b);  // segments never unmap
     return;
   }
@@ -81,18 +86,15 @@ void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
   ++free_blocks_;
   sp.free.insert(b);
   sp.fifo.insert_before(fifo_pos, b);
-  if (merged_) {
-    free_by_addr_.emplace(b->addr, b);
-    // It may hold finished granules (of a shared block it absorbed): steal() looks.
-    if (warm) warm_.insert_before(warm_before_, b);
-  }
+  // Placed unified, it may hold finished granules (of a shared block it absorbed): steal() looks.
+  if (merged_ && warm) warm_.insert_before(warm_before_, b);
 }
 
-void BlockPool::remove_free(Block* b) {
+void BlockPool::remove_free(Block* b, bool keep_address) {
+  if (!keep_address) unaddress(b);
   if (b->shared) {
     --free_blocks_;
     shared_free_.erase(b);
-    if (!segments_) free_by_addr_.erase(b->addr);
     if (Lru::contains(b)) warm_.erase(b);
     return;
   }
@@ -104,7 +106,6 @@ void BlockPool::remove_free(Block* b) {
   --free_blocks_;
   sp.free.erase(b);
   sp.fifo.erase(b);
-  if (merged_) free_by_addr_.erase(b->addr);
   if (Lru::contains(b)) warm_.erase(b);
 }
 
@@ -148,7 +149,8 @@ Block* BlockPool::coalesce(Block* b) {
     if (absorbable(b->prev)) {
       Block* p = b->prev;
       crossed |= p->shared != shared;
-      remove_free(p);
+      remove_free(p, /*keep_address=*/true);  // p stays free at its address
+      unaddress(b);
       absorb(p, b);  // deletes b
       b = p;
     } else {
@@ -438,7 +440,7 @@ void BlockPool::poll_sweeps() {
 }
 
 void BlockPool::make_shared(Block* b) {
-  remove_free(b);
+  remove_free(b, /*keep_address=*/true);  // it stays free there
   if (b->retired) {
     // The stream is done with the old addresses: drop the alias (the physical granules stay
     // mapped where they were re-used).
@@ -495,6 +497,7 @@ void BlockPool::turn_memory_first() {
     for (Block* b = sp.fifo.front(); b != nullptr; b = Fifo::next(b)) {  // oldest freed first
       stamp(b);
       free_by_addr_.emplace(b->addr, b);
+      b->addressed = true;
       if (!Lru::contains(b)) warm_.push_back(b);
     }
     for (Block* b = sp.retired.front(); b != nullptr; b = Fifo::next(b)) stamp(b);

@@ -81,6 +81,7 @@ struct Block {
   /// Backed part by part (a planned range, BlockPool::reserve_lazy): may lack granules even
   /// while allocated or owned. Cleared when the block is next handed out or shared.
   bool lazy = false;
+  bool addressed = false;      ///< has its entry in BlockPool::free_by_addr_
   std::uint64_t free_seq = 0;  ///< owner stream's free sequence number at free/retire time
   Link<Block> fifo;            ///< owner's FIFO (owned free) or retired list
   Link<Block> lru;             ///< warm_ (shared free blocks that may hold mapped granules)
@@ -234,7 +235,18 @@ class BlockPool {
   /// FIFO (at the back when null), retired ones at the back of its retired list; shared ones
   /// join warm_ when `warm`.
   void insert_free(Block* b, Block* fifo_pos = nullptr, bool warm = true);
-  void remove_free(Block* b);
+  /// Takes b out of its indexes. `keep_address`: b stays free at its address (it is re-inserted
+  /// or absorbs its neighbours), so its free_by_addr_ entry stays, saving a map erase and insert.
+  void remove_free(Block* b, bool keep_address = false);
+  /// Free blocks in free_by_addr_: shared ones (but segments), owned ones placed unified.
+  bool addressable(const Block* b) const {
+    return !b->allocated && !b->retired && (b->shared ? !segments_ : merged_);
+  }
+  void unaddress(Block* b) {
+    if (!b->addressed) return;
+    free_by_addr_.erase(b->addr);
+    b->addressed = false;
+  }
   bool mergeable(const Block* a, const Block* b) const;
   Block* coalesce(Block* b);  // merges detached free b with its neighbours
   /// Folds `upper` into its lower neighbour `lower` and deletes it. The lower-address object

@@ -20,7 +20,7 @@ using Fifo = IntrusiveList<Block, &Block::fifo>;
 }  // namespace
 
 void BlockPool::check_invariants() const {
-  std::size_t free_seen = 0, segment_bytes = 0;
+  std::size_t free_seen = 0, segment_bytes = 0, addressed = 0;
   std::vector<const Arena*> arenas;  // mapped ones, for the physical pool's check
   for (std::size_t i = 0; i < arenas_.size(); ++i) {
     const Arena& a = *arenas_[i];
@@ -37,6 +37,12 @@ void BlockPool::check_invariants() const {
       if (b->prev != prev || b->arena != &a) broken(at + ": neighbour links are wrong");
       if (b->size == 0 || b->size % kMinBlockSize != 0) broken(at + ": size not a 512 multiple");
       expect += b->size;
+      if (b->addressed != addressable(b)) broken(at + ": in the address index iff addressable");
+      if (b->addressed) {
+        ++addressed;
+        const auto e = free_by_addr_.find(b->addr);
+        if (e == free_by_addr_.end() || e->second != b) broken(at + ": address index entry wrong");
+      }
       std::size_t first = 0, last = 0;
       a.covering(b->addr, b->size, first, last);
       const bool fully_mapped = a.count_unmapped(first, last) == 0;
@@ -94,6 +100,7 @@ void BlockPool::check_invariants() const {
     }
   }
   if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");
+  if (addressed != free_by_addr_.size()) broken("address index holds blocks that are gone");
   // Sharing is owed never in segment mode nor beyond what a stream's sweeps completed; placed
   // unified, each entry has its sentinel in warm_.
   if (!owed_.empty() && !lazy_shares()) broken("sharing owed in segment mode");
