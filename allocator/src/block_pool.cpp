@@ -16,7 +16,7 @@ BlockPool::~BlockPool() {
     mappings_.release(*arenas_[i]);
     for (Block* b = arena_first_[i]; b != nullptr;) {
       Block* next = b->next;
-      delete b;
+      delete_block(b);
       b = next;
     }
   }
@@ -53,7 +53,7 @@ Block* BlockPool::new_segment(std::size_t min_size, StreamId stream) {
 
 Block* BlockPool::add_arena_block() {
   const Arena& a = *arenas_.back();
-  auto* b = new Block;
+  Block* b = new_block();
   b->addr = a.base();
   b->size = a.size();
   b->arena = arenas_.back().get();
@@ -122,7 +122,7 @@ void BlockPool::absorb(Block* lower, Block* upper) {
   lower->free_seq = std::max(lower->free_seq, upper->free_seq);
   lower->used = lower->used || upper->used;
   lower->lazy = lower->lazy || upper->lazy;
-  delete upper;
+  delete_block(upper);
 }
 
 Block* BlockPool::coalesce(Block* b) {
@@ -169,7 +169,7 @@ Block* BlockPool::coalesce(Block* b) {
 }
 
 Block* BlockPool::split_off(Block* b, DevicePtr at) {
-  auto* r = new Block;
+  Block* r = new_block();
   r->addr = at;
   r->size = b->end() - at;
   r->arena = b->arena;
@@ -547,7 +547,7 @@ std::size_t BlockPool::release_free_segments() {
     Arena& a = *arenas_[i];
     if (b->is_free() && b->shared && b->size == a.size()) {  // the whole segment is free
       remove_free(b);
-      delete b;
+      delete_block(b);
       mappings_.free_segment(a);
       ctx_.stats.segment[int(Pool::kAll)].decrease(1);
       ctx_.stats.segment[int(Pool::kLarge)].decrease(1);

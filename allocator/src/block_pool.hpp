@@ -251,7 +251,13 @@ class BlockPool {
   Block* coalesce(Block* b);  // merges detached free b with its neighbours
   /// Folds `upper` into its lower neighbour `lower` and deletes it. The lower-address object
   /// survives, so an arena's first block never goes away.
-  static void absorb(Block* lower, Block* upper);
+  void absorb(Block* lower, Block* upper);
+  /// Block objects come from and go back to block_nodes_ (a split or a merge on most calls).
+  Block* new_block() { return new (block_nodes_.take(sizeof(Block))) Block; }
+  void delete_block(Block* b) {
+    b->~Block();
+    block_nodes_.give(b, sizeof(Block));
+  }
   Block* split_off(Block* b, DevicePtr at);  // b keeps [addr, at); returns [at, end)
   void make_shared(Block* b);
   /// Stamps the granules b covers with its stream and free_seq (Arena::FreeStamp).
@@ -364,6 +370,7 @@ class BlockPool {
   // Before the indexes: their nodes go back to these when they are destroyed.
   NodeCache size_nodes_;     // SizeIndex nodes (shared_free_, every stream's free)
   NodeCache address_nodes_;  // free_by_addr_'s nodes
+  NodeCache block_nodes_;    // Block objects
   std::unordered_map<StreamId, StreamPool> streams_;
   StreamSweeps sweeps_;  // after streams_: its destructor releases their events in flight
   SizeIndex shared_free_{CachedAllocator<Block*>(&size_nodes_)};
