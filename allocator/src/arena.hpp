@@ -2,10 +2,10 @@
 // its granules.
 //
 // Invariant kept here: `phys_[g]` names the physical granule mapped at virtual granule g (chunk
-// 0 = nothing mapped). A mapping is *active* (memory of the block there) or *dormant*: still
-// mapped in the driver, but its physical granule has moved on to back another address, and
-// may come back here with no driver call once it is idle again. The arena records; BlockPool
-// decides and calls the backend.
+// 0 = nothing mapped); bit g of `active_` = phys_[g] valid and not dormant. A mapping is *active*
+// (memory of the block there) or *dormant*: still mapped in the driver, but its physical granule
+// has moved on to back another address, and may come back here with no driver call once it is idle
+// again. The arena records; BlockPool decides and calls the backend.
 //
 // A *segment* arena (segment backends: cudaMalloc, cudaMallocAsync) is backed whole from birth
 // to release: every granule counts as mapped, with no PhysRef, and set/clear are errors.
@@ -44,8 +44,11 @@ class Arena {
 
   /// Active: backs whatever block overlaps granule g.
   bool is_mapped(std::size_t g) const {
-    return segment_ ? g < size_ / granule_ : g < phys_.size() && phys_[g].valid() && !dormant_[g];
+    return segment_ ? g < size_ / granule_ : g < phys_.size() && (active_[g / 64] >> g % 64 & 1);
   }
+  /// The first granule in [first, last) that is not active, or `last`. A word of 64 granules at a
+  /// time: placement asks this of every candidate block, and most are fully mapped.
+  std::size_t next_inactive(std::size_t first, std::size_t last) const;
   /// Mapped in the driver but not in use here (see above).
   bool is_dormant(std::size_t g) const { return g < phys_.size() && dormant_[g]; }
   /// Mapped in the driver at all (active or dormant).
@@ -92,6 +95,7 @@ class Arena {
   bool segment_;
   std::vector<PhysRef> phys_;
   std::vector<bool> dormant_;
+  std::vector<std::uint64_t> active_;  // bit g: is_mapped(g) (phys_[g] valid and not dormant)
   std::vector<FreeStamp> stamps_;
 };
 

@@ -69,9 +69,8 @@ Backing BlockPool::holes_of(const Block* b, DevicePtr addr, std::size_t size) co
   const Arena& a = *b->arena;
   std::size_t first = 0, last = 0;
   a.covering(addr, size, first, last);
-  for (std::size_t g = first; g < last; ++g) {
-    if (!a.is_mapped(g)) r.holes.push_back(g);
-  }
+  for (std::size_t g = a.next_inactive(first, last); g < last; g = a.next_inactive(g + 1, last))
+    r.holes.push_back(g);
   a.interior(addr, size, r.inner_first, r.inner_last);
   return r;
 }

@@ -290,8 +290,8 @@ std::size_t BlockPool::missing_granules(const Block* b, std::size_t size, std::s
   std::size_t first = 0, last = 0;
   a.covering(b->addr, size, first, last);
   std::size_t missing = 0;
-  for (std::size_t g = first; g < last && missing < limit; ++g) {
-    if (a.is_mapped(g)) continue;
+  for (std::size_t g = a.next_inactive(first, last); g < last && missing < limit;
+       g = a.next_inactive(g + 1, last)) {
     if (unmapped != nullptr) ++*unmapped;
     bool back = false;  // a dormant granule that comes back with no driver call
     if (a.is_dormant(g)) {
