@@ -46,8 +46,9 @@ class Arena {
   bool is_mapped(std::size_t g) const {
     return segment_ ? g < size_ / granule_ : g < phys_.size() && (active_[g / 64] >> g % 64 & 1);
   }
-  /// The first granule in [first, last) that is not active, or `last`. A word of 64 granules at a
-  /// time: placement asks this of every candidate block, and most are fully mapped.
+  /// The first granule in [first, last) that is not active, or `last` (first <= last). A word of
+  /// 64 granules at a time: placement asks this of every candidate block, and most are fully
+  /// mapped.
   std::size_t next_inactive(std::size_t first, std::size_t last) const;
   /// Mapped in the driver but not in use here (see above).
   bool is_dormant(std::size_t g) const { return g < phys_.size() && dormant_[g]; }
@@ -89,6 +90,8 @@ class Arena {
   std::size_t count_unmapped(std::size_t first, std::size_t last) const;
 
  private:
+  void mark_active(std::size_t g, bool active);  // bit g of active_
+
   DevicePtr base_;
   std::size_t size_;
   std::size_t granule_;

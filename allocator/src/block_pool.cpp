@@ -65,13 +65,17 @@ Block* BlockPool::add_arena_block() {
   return b;
 }
 
-void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
+void BlockPool::index_address(Block* b) {
   if (!addressable(b)) {
     unaddress(b);
   } else if (!b->addressed) {
     free_by_addr_.emplace(b->addr, b);
     b->addressed = true;
   }
+}
+
+void BlockPool::insert_free(Block* b, Block* fifo_pos, bool warm) {
+  index_address(b);
   if (b->shared) {
     ++free_blocks_;
     shared_free_.insert(b);
@@ -140,12 +144,10 @@ Block* BlockPool::coalesce(Block* b) {
   };
   bool crossed = false;  // merged across states: keep b's state and its stream's free order
   const bool shared = b->shared;
-  // Placed unified, what b absorbs depends on what owed sharing would have merged: share first.
-  const auto settle_if_near_owed = [&] {
+  for (;;) {
+    // Placed unified, what b absorbs depends on what owed sharing would have merged: share first.
     if (merged_ && owned && !owed_.empty() && near_owed(b)) settle();
-    return true;
-  };
-  while (settle_if_near_owed() && (absorbable(b->prev) || absorbable(b->next))) {
+    if (!absorbable(b->prev) && !absorbable(b->next)) break;
     if (absorbable(b->prev)) {
       Block* p = b->prev;
       crossed |= p->shared != shared;
@@ -318,17 +320,8 @@ void BlockPool::deallocate(Block* b) {
     // Sharing what a completed sweep covers is owed to the pool's next request (settle()): the
     // free stays a few set operations, and only a request can reuse what is shared.
     sweeps_.poll(sp, [&](std::uint64_t covered) {
-      Block* sentinel = nullptr;
-      if (merged_) {  // warm_'s order is the order blocks were shared in
-        if (spare_sentinels_.empty()) {
-          sentinels_.push_back(std::make_unique<Block>());
-          spare_sentinels_.push_back(sentinels_.back().get());
-        }
-        sentinel = spare_sentinels_.back();
-        spare_sentinels_.pop_back();
-        warm_.push_back(sentinel);
-      }
-      owed_.push_back({&sp, covered, sentinel});
+      // Placed unified, warm_'s order is the order blocks were shared in: mark this one.
+      owed_.push_back({&sp, covered, merged_ ? push_sentinel() : nullptr});
     });
     // A long run of frees with no request in between settles now and then, to bound owed_.
     if (owed_.size() > tuning::kMaxOwedShares) settle();
@@ -347,14 +340,27 @@ void BlockPool::settle() {
   for (const Owed& o : owed) {
     warm_before_ = o.sentinel;
     share_covered(*o.sp, o.covered);
-    if (o.sentinel != nullptr) {
-      warm_.erase(o.sentinel);
-      spare_sentinels_.push_back(o.sentinel);
-    }
+    if (o.sentinel != nullptr) drop_sentinel(o.sentinel);
   }
   warm_before_ = nullptr;
   owed.clear();
   if (owed_.empty()) owed_.swap(owed);  // keep the capacity
+}
+
+Block* BlockPool::push_sentinel() {
+  if (spare_sentinels_.empty()) {
+    sentinels_.push_back(std::make_unique<Block>());
+    spare_sentinels_.push_back(sentinels_.back().get());
+  }
+  Block* sentinel = spare_sentinels_.back();
+  spare_sentinels_.pop_back();
+  warm_.push_back(sentinel);
+  return sentinel;
+}
+
+void BlockPool::drop_sentinel(Block* sentinel) {
+  warm_.erase(sentinel);
+  spare_sentinels_.push_back(sentinel);
 }
 
 bool BlockPool::near_owed(const Block* b) const {
@@ -496,8 +502,7 @@ void BlockPool::turn_memory_first() {
   for (auto& [id, sp] : streams_) {
     for (Block* b = sp.fifo.front(); b != nullptr; b = Fifo::next(b)) {  // oldest freed first
       stamp(b);
-      free_by_addr_.emplace(b->addr, b);
-      b->addressed = true;
+      index_address(b);
       if (!Lru::contains(b)) warm_.push_back(b);
     }
     for (Block* b = sp.retired.front(); b != nullptr; b = Fifo::next(b)) stamp(b);

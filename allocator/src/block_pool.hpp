@@ -242,6 +242,8 @@ class BlockPool {
   bool addressable(const Block* b) const {
     return !b->allocated && !b->retired && (b->shared ? !segments_ : merged_);
   }
+  /// Gives b its free_by_addr_ entry if addressable(b), else takes it away.
+  void index_address(Block* b);
   void unaddress(Block* b) {
     if (!b->addressed) return;
     free_by_addr_.erase(b->addr);
@@ -277,6 +279,10 @@ class BlockPool {
   /// (free or retired), or a shared neighbour (coalesced, so its far neighbour is not shared) next
   /// to one owed.
   bool near_owed(const Block* b) const;
+  /// A sentinel at the back of warm_, for the sharing a free leaves owed; drop_sentinel() takes it
+  /// out again once that sharing is done.
+  Block* push_sentinel();
+  void drop_sentinel(Block* sentinel);
   /// Records a sweep on sp's stream if it has free or retired blocks no completed sweep covers.
   void start_sweep(StreamPool& sp) {
     const auto uncovered = [&](const IntrusiveList<Block, &Block::fifo>& l) {
