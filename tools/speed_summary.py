@@ -9,7 +9,7 @@ trace this prints, per run and as the median over runs, cuarena / torch-native f
   p50 alloc + free  (alloc p50 + free p50, microseconds),
   alloc p99, free p99,
   replay time       (elapsed_s, the whole replay),
-and whether each issue-3 target holds in the median: p50 alloc+free <= 0.5x, p99 <= 1x (each of
+and whether each speed target holds in the median: p50 alloc+free <= 0.5x, p99 <= 1x (each of
 alloc and free), replay time < 1x.
 """
 

@@ -1,4 +1,4 @@
-// Issue 12, item 5: the replayer's allocator registry (allocator_registry.hpp), the one table
+// The replayer's allocator registry (allocator_registry.hpp), the one table
 // that --allocator's choices and help, the default rows and run_replay's dispatch read.
 #include "cuarena/replay/allocator_registry.hpp"
 

@@ -55,7 +55,7 @@ TEST_P(RealTrace, CuarenaReplaysWithoutOutOfMemoryAndBeatsNative) {
   EXPECT_LT(r.peak_reserved_bytes, GetParam().native_reserved);
 }
 
-// The cuarena row's counters are the allocator's whole Stats::to_map() (issue 12, item 5), each
+// The cuarena row's counters are the allocator's whole Stats::to_map(), each
 // cuarena.X also under the replayer's earlier name X; they agree with the row's own figures.
 TEST_P(RealTrace, CuarenaCountersAreTheAllocatorsStats) {
   const auto events = load_trace(trace_path(GetParam().file));
