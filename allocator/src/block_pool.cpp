@@ -145,8 +145,11 @@ Block* BlockPool::coalesce(Block* b) {
   bool crossed = false;  // merged across states: keep b's state and its stream's free order
   const bool shared = b->shared;
   for (;;) {
+    // A neighbour may be owed by a check left unpolled: poll it, so owes() is exact.
+    if (!owed_.empty() && near(b, [&](const Block* n) { return unpolled(n); })) poll_unpolled();
     // Placed unified, what b absorbs depends on what owed sharing would have merged: share first.
-    if (merged_ && owned && !owed_.empty() && near_owed(b)) settle();
+    if (merged_ && owned && !owed_.empty() && near(b, [&](const Block* n) { return owes(n); }))
+      settle();
     if (!absorbable(b->prev) && !absorbable(b->next)) break;
     if (absorbable(b->prev)) {
       Block* p = b->prev;
@@ -317,12 +320,28 @@ void BlockPool::deallocate(Block* b) {
   // while ago are already shared when another stream or a shortage needs them.
   if (sp.seq % ctx_.config.sweep_interval != 0) return;
   if (lazy_shares()) {
-    // Sharing what a completed sweep covers is owed to the pool's next request (settle()): the
-    // free stays a few set operations, and only a request can reuse what is shared.
-    sweeps_.poll(sp, [&](std::uint64_t covered) {
-      // Placed unified, warm_'s order is the order blocks were shared in: mark this one.
-      owed_.push_back({&sp, covered, merged_ ? push_sentinel() : nullptr});
-    });
+    // The poll and the sharing are owed to the pool's next request (settle()): only a request can
+    // reuse what is shared, and the free stays a few set operations and one event record.
+    if (sp.unpolled_reach != 0) {  // the check before, with no request since: poll it now
+      for (auto it = owed_.rbegin(); it != owed_.rend(); ++it) {
+        if (it->sp == &sp && it->polls != 0) {
+          poll_owed(*it);
+          break;
+        }
+      }
+    }
+    // Placed unified, warm_'s order is the order blocks were shared in: mark this check.
+    const auto sentinel = [&] { return merged_ ? push_sentinel() : nullptr; };
+    if (sp.events.size() < tuning::kMaxSweepsPerStream) {
+      if (!sp.events.empty()) {
+        owed_.push_back({&sp, 0, sentinel(), sp.events.size()});
+        sp.unpolled_reach = sp.events.back().second;
+      }
+    } else {  // full: the record below supersedes the newest sweep, so poll them now
+      sweeps_.poll(sp, [&](std::uint64_t covered) {
+        owed_.push_back({&sp, covered, sentinel(), 0});
+      });
+    }
     // A long run of frees with no request in between settles now and then, to bound owed_.
     if (owed_.size() > tuning::kMaxOwedShares) settle();
   } else {
@@ -337,7 +356,8 @@ void BlockPool::settle() {
   // only shared blocks, so the entries still to come need not be owed meanwhile.)
   std::vector<Owed> owed;
   owed.swap(owed_);
-  for (const Owed& o : owed) {
+  for (Owed& o : owed) {
+    if (o.polls != 0) poll_owed(o);
     warm_before_ = o.sentinel;
     share_covered(*o.sp, o.covered);
     if (o.sentinel != nullptr) drop_sentinel(o.sentinel);
@@ -363,14 +383,36 @@ void BlockPool::drop_sentinel(Block* sentinel) {
   spare_sentinels_.push_back(sentinel);
 }
 
-bool BlockPool::near_owed(const Block* b) const {
+void BlockPool::poll_owed(Owed& o) {
+  CUARENA_ASSERT(o.polls <= o.sp->events.size() && o.sp->unpolled_reach != 0,
+                 "poll_owed: the stream's sweeps were polled since its check");
+  sweeps_.poll(
+      *o.sp, [&](std::uint64_t covered) { o.covered = covered; }, o.polls);
+  o.polls = 0;
+  o.sp->unpolled_reach = 0;
+}
+
+void BlockPool::poll_unpolled() {
+  for (Owed& o : owed_) {
+    if (o.polls != 0) poll_owed(o);
+  }
+}
+
+template <class Pred>
+bool BlockPool::near(const Block* b, Pred&& pred) const {
   for (const Block* n : {b->prev, b->next}) {
     if (n == nullptr || n->allocated) continue;
-    if (owes(n)) return true;  // an owned free or retired block
+    if (pred(n)) return true;  // an owned free or retired block
     const Block* far = n == b->prev ? n->prev : n->next;
-    if (n->shared && far != nullptr && owes(far)) return true;
+    if (n->shared && far != nullptr && pred(far)) return true;
   }
   return false;
+}
+
+bool BlockPool::unpolled(const Block* b) const {
+  if (b->allocated || b->shared) return false;
+  const auto it = streams_.find(b->stream);
+  return it != streams_.end() && b->free_seq <= it->second.unpolled_reach;
 }
 
 bool BlockPool::owes(const Block* b) const {

@@ -212,6 +212,9 @@ class BlockPool {
     SizeIndex free;
     IntrusiveList<Block, &Block::fifo> fifo;     // owned free blocks, sorted by free_seq
     IntrusiveList<Block, &Block::fifo> retired;  // retired blocks, sorted by free_seq
+    /// Frees up to this number may be shared once owed_'s unpolled entry of the stream is polled
+    /// (what its sweeps cover); 0: the stream has no unpolled entry.
+    std::uint64_t unpolled_reach = 0;
   };
 
   StreamPool& stream_pool(StreamId stream) {
@@ -265,20 +268,32 @@ class BlockPool {
   /// Stamps the granules b covers with its stream and free_seq (Arena::FreeStamp).
   void stamp(const Block* b);
 
-  /// Frees share lazily: a free that finds a sweep completed leaves the sharing it covers owed
-  /// (owed_), and every entry point but deallocate() settles first, so requests see the pool as
-  /// if the sweep had been shared at the free. A block owed merges with nothing (mergeable()).
-  /// Placed unified, a free also absorbs shared neighbours, so a free whose coalescing could
-  /// reach an owed block settles first (near_owed()), and sharing puts blocks in warm_ where the
-  /// free that owed it stood (a sentinel), keeping every placement and driver call. Segment mode
-  /// shares at once (its frees absorb any shared neighbour).
+  /// Frees share lazily: the check a free makes every sweep_interval frees leaves its poll and
+  /// the sharing of what completed owed (owed_, an unpolled entry), and every entry point but
+  /// deallocate() settles first, so requests see the pool as if the check had polled and shared
+  /// (the poll, later, sees at least as much of the device's progress). The free pays only the
+  /// sweep's record. A block owed merges with nothing (mergeable()); a free whose coalescing
+  /// could reach a block an unpolled entry may owe polls first (near()). Placed unified, a free
+  /// also absorbs shared neighbours, so a free whose coalescing could reach a block owed settles
+  /// first (near()), and sharing puts blocks in warm_ where the check stood (a sentinel). At lag 1
+  /// this keeps every placement and driver call of sharing at the check. Segment mode shares at
+  /// once (its frees absorb any shared neighbour).
   bool lazy_shares() const { return !segments_; }
   /// b is an owned free or retired block that a completed sweep covers, its sharing owed.
   bool owes(const Block* b) const;
-  /// Coalescing detached free block b could meet a block whose sharing is owed: a neighbour owed
-  /// (free or retired), or a shared neighbour (coalesced, so its far neighbour is not shared) next
-  /// to one owed.
-  bool near_owed(const Block* b) const;
+  /// b is an owned free or retired block that its stream's unpolled entry would cover if its
+  /// sweeps completed: owes(b) is known only once they are polled.
+  bool unpolled(const Block* b) const;
+  struct Owed;
+  /// Polls the sweeps unpolled entry `o` stands for (the oldest o.polls in flight), fixing what it
+  /// covers. Precondition: no other poll of the stream since the check that left it.
+  void poll_owed(Owed& o);
+  /// poll_owed() on every unpolled entry.
+  void poll_unpolled();
+  /// Coalescing detached free block b could meet a block `pred` holds for: a neighbour (free or
+  /// retired), or a shared neighbour (coalesced, so its far neighbour is not shared) next to one.
+  template <class Pred>
+  bool near(const Block* b, Pred&& pred) const;
   /// A sentinel at the back of warm_, for the sharing a free leaves owed; drop_sentinel() takes it
   /// out again once that sharing is done.
   Block* push_sentinel();
@@ -383,12 +398,15 @@ class BlockPool {
   AddressIndex free_by_addr_{// shared and owned free blocks by address
                              CachedAllocator<std::pair<const DevicePtr, Block*>>(&address_nodes_)};
   IntrusiveList<Block, &Block::lru> warm_;  // LRU: front = freed longest ago
-  // Sharing owed by completed sweeps, in completion order: the stream, the free number covered,
-  // and (placed unified) the sentinel in warm_ where the free that polled stood.
+  // Sharing owed by sweeps, in the order of the checks that polled them or left them unpolled:
+  // the stream, the free number covered (0 until polled), (placed unified) the sentinel in warm_
+  // where the check stood, and the sweeps left unpolled: the oldest `polls` in flight (0: polled).
+  // A stream has at most one unpolled entry (sp->unpolled_reach != 0).
   struct Owed {
     StreamPool* sp;
     std::uint64_t covered;
     Block* sentinel;
+    std::size_t polls;
   };
   std::vector<Owed> owed_;
   std::vector<std::unique_ptr<Block>> sentinels_;  // every sentinel made

@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "block_pool.hpp"
 #include "physical_pool.hpp"
@@ -102,12 +103,25 @@ void BlockPool::check_invariants() const {
   if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");
   if (addressed != free_by_addr_.size()) broken("address index holds blocks that are gone");
   // Sharing is owed never in segment mode nor beyond what a stream's sweeps completed; placed
-  // unified, each entry has its sentinel in warm_.
+  // unified, each entry has its sentinel in warm_; an unpolled entry (at most one per stream)
+  // stands for the oldest sweeps in flight, and its stream knows how far they reach.
   if (!owed_.empty() && !lazy_shares()) broken("sharing owed in segment mode");
+  std::unordered_map<const StreamPool*, int> unpolled;
   for (const Owed& o : owed_) {
     if (o.covered > o.sp->done) broken("sharing owed past a stream's completed sweeps");
+    if (o.polls != 0) {
+      if (o.covered != 0) broken("an unpolled entry with a cover");
+      if (o.polls > o.sp->events.size()) broken("an unpolled entry past the sweeps in flight");
+      if (o.sp->unpolled_reach != o.sp->events[o.polls - 1].second)
+        broken("an unpolled entry whose stream forgot how far its sweeps reach");
+      if (++unpolled[o.sp] > 1) broken("two unpolled entries of one stream");
+    }
     if (merged_ != (o.sentinel != nullptr && o.sentinel->lru.linked))
       broken("owed sharing without its place in the LRU list");
+  }
+  for (const auto& [id, sp] : streams_) {
+    if (sp.unpolled_reach != 0 && unpolled.count(&sp) == 0)
+      broken("a stream's unpolled entry is missing");
   }
   if (segment_bytes != mappings_.segment_bytes()) broken("segment bytes disagree with the arenas");
   if (segments_ && !warm_.empty()) broken("a segment block is in the LRU list");

@@ -66,12 +66,13 @@ class StreamSweeps {
       record_if(*s);
     }
   }
-  /// Retires s's completed sweeps, oldest first, raising s.done and calling on_done(covered)
-  /// after each. Non-blocking. Counts the poll (Stats::sweep_polls), and whether its oldest
-  /// sweep was still running (Stats::sweep_polls_pending: how far the device runs behind).
+  /// Retires s's completed sweeps, oldest first (at most `most` of them), raising s.done and
+  /// calling on_done(covered) after each. Non-blocking. Counts the poll (Stats::sweep_polls), and
+  /// whether its oldest sweep was still running (Stats::sweep_polls_pending: how far the device
+  /// runs behind).
   template <class Fn>
-  void poll(Stream& s, Fn&& on_done) {
-    if (s.events.empty()) return;
+  void poll(Stream& s, Fn&& on_done, std::size_t most = SIZE_MAX) {
+    if (s.events.empty() || most == 0) return;
     ++stats_.sweep_polls;
     if (!backend_.event_completed(s.events.front().first)) {
       ++stats_.sweep_polls_pending;
@@ -84,7 +85,7 @@ class StreamSweeps {
       --in_flight_;
       s.done = covered;
       on_done(covered);
-    } while (!s.events.empty() && backend_.event_completed(s.events.front().first));
+    } while (--most > 0 && !s.events.empty() && backend_.event_completed(s.events.front().first));
   }
   /// poll() on every stream with sweeps in flight, on_done(Stream&, covered).
   template <class Fn>
