@@ -85,11 +85,14 @@ bool BlockPool::take_back_dormant(Block* b, Backing& r) {
 }
 
 std::size_t BlockPool::soft_limit() const {
-  // Growing is allowed below the soft limit and below cache_slack over the peak of allocated
-  // bytes; past both, cached granules are reused first.
+  // Growing is allowed below the soft limit and below the slack over the peak of allocated
+  // bytes; past both, cached granules are reused first. Placing whole chunks (not memory-first),
+  // the slack is at least tuning::kWholeChunkCacheSlack.
+  const double slack = std::max(ctx_.config.cache_slack,
+                                can_turn_memory_first() ? tuning::kWholeChunkCacheSlack : 0.0);
   const auto slack_limit = static_cast<std::size_t>(
-      (1.0 + ctx_.config.cache_slack) * double(ctx_.stats.allocated_bytes[int(Pool::kAll)].peak));
-  return std::max(ctx_.soft_limit, ctx_.config.cache_slack > 0 ? slack_limit : 0);
+      (1.0 + slack) * double(ctx_.stats.allocated_bytes[int(Pool::kAll)].peak));
+  return std::max(ctx_.soft_limit, slack > 0 ? slack_limit : 0);
 }
 
 std::size_t BlockPool::shortfall(const Backing& r, std::size_t have) const {

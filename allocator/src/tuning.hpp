@@ -32,6 +32,13 @@ inline constexpr std::size_t kMediumSegmentGranules = 10;
 /// granules, stops a training loop from moving memory every iteration, and bounding the count
 /// keeps the search O(log n).
 inline constexpr int kBackedFitCandidates = 8;
+/// Placing whole chunks (the default until it turns memory-first), cached memory allowed on top
+/// of the peak of allocated bytes before a miss steals cached granules instead of growing
+/// (Config::cache_slack, when larger, wins). Stealing moves memory a granule at a time, a map
+/// call each, and stitching a request from stolen granules left holes that later grew: over the
+/// bundled traces 0.02 held less memory on bert, moe, resnet and llm, and made fewer driver
+/// calls on most (docs/results.md, 2026-12-03 (08:00 UTC)).
+inline constexpr double kWholeChunkCacheSlack = 0.02;
 
 // --- Loop plans (config loop_plan) -------------------------------------------------------------
 
