@@ -175,7 +175,9 @@ const ConfigTable<Config>& Config::table() {
                "granules are reused first (0: always reuse first)"),
       real_key("cache_slack", &C::cache_slack, 0.0, 10.0, false,
                "cached memory allowed above the peak of allocated bytes before cached granules "
-               "are moved instead of growing: trades memory for time"),
+               "are moved instead of growing: trades memory for time (placing whole chunks, "
+               "at least " +
+                   std::to_string(int(detail::tuning::kWholeChunkCacheSlack * 100)) + "%)"),
       real_key("per_process_memory_fraction", &C::per_process_memory_fraction, 0.0, 1.0, true,
                "fraction of the device cuarena may hold"),
       bool_key("stream_alias", &C::stream_alias,

@@ -38,7 +38,9 @@ struct Config {
   double defrag_threshold = 0.0;
   /// Cached memory allowed on top of the peak of allocated bytes before a miss reuses cached
   /// granules instead of growing (0.05: up to 5% more memory, far fewer granule moves, each of
-  /// which costs ~65 us on an H200). 0 (default): reuse first, always.
+  /// which costs ~65 us on an H200). 0 (default): reuse first, always, when memory-first; placing
+  /// whole chunks (the default until it turns memory-first), the slack is at least 2%
+  /// (tuning::kWholeChunkCacheSlack).
   double cache_slack = 0.0;
   /// Fresh physical memory for a run of at least this many bytes of one request is created as
   /// whole chunks: one cuMemCreate handle each, so one create/map/set-access call (~55 us on an
