@@ -37,7 +37,7 @@ inline constexpr int kBackedFitCandidates = 8;
 /// (Config::cache_slack, when larger, wins). Stealing moves memory a granule at a time, a map
 /// call each, and stitching a request from stolen granules left holes that later grew: over the
 /// bundled traces 0.02 held less memory on bert, moe, resnet and llm, and made fewer driver
-/// calls on most (docs/results.md, 2026-12-03 (08:00 UTC)).
+/// calls on most (docs/results.md, 2026-12-03 (08:30 UTC)).
 inline constexpr double kWholeChunkCacheSlack = 0.02;
 
 // --- Loop plans (config loop_plan) -------------------------------------------------------------
