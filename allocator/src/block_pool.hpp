@@ -10,10 +10,10 @@
 //   * shared free: an event recorded on its last stream after the free has completed (or it was
 //     never used). Any stream may reuse it, and its wholly-contained mapped granules may be
 //     unmapped at once ("stolen") to back another request. In the shared size index and, while
-//     it may hold mapped granules, in the LRU list `warm_`. (A free that finds the event
-//     completed leaves the sharing owed to the next request, settle(): until then the block
-//     stays indexed as owned and merges with nothing, and a free that could absorb it settles
-//     first. Segment mode shares at once.)
+//     it may hold mapped granules, in the LRU list `warm_`. (The free that checks the events
+//     leaves their poll and the sharing owed to the next request, settle(): until then the block
+//     stays indexed as owned; once polled it merges with nothing, and a free that could absorb it
+//     polls and settles first. Segment mode polls and shares at once.)
 //   * retired: granule-aligned part of an owned block whose physical granules were re-mapped
 //     (aliased) under another request of the same stream. Its old mapping stays until a sweep
 //     event on S shows S's earlier work is done; then it is unmapped and becomes shared. In S's
@@ -276,8 +276,8 @@ class BlockPool {
   /// could reach a block an unpolled entry may owe polls first (near()). Placed unified, a free
   /// also absorbs shared neighbours, so a free whose coalescing could reach a block owed settles
   /// first (near()), and sharing puts blocks in warm_ where the check stood (a sentinel). At lag 1
-  /// this keeps every placement and driver call of sharing at the check. Segment mode shares at
-  /// once (its frees absorb any shared neighbour).
+  /// this kept every placement and driver call of polling at the check on the bundled traces
+  /// (docs/results.md). Segment mode shares at once (its frees absorb any shared neighbour).
   bool lazy_shares() const { return !segments_; }
   /// b is an owned free or retired block that a completed sweep covers, its sharing owed.
   bool owes(const Block* b) const;
