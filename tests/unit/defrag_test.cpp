@@ -2,6 +2,7 @@
 // out-of-memory path.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "test_support.hpp"
@@ -57,6 +58,39 @@ TEST(Defrag, CacheSlackGrowsInsteadOfMovingGranules) {
   Stats tight;
   fragmented_then_large("cache_slack:0.01", &tight);
   EXPECT_GT(tight.granules_stolen, 0) << "1% slack is exceeded here, so granules must move";
+}
+
+// Placing whole chunks, the default grows within 2% of the allocated peak
+// (tuning::kWholeChunkCacheSlack) instead of moving cached memory; memory first moves it.
+TEST(Defrag, TheDefaultGrowsWithinItsSlackMemoryFirstSteals) {
+  for (const bool memory_first : {false, true}) {
+    SimBackend sim(sim_options(4 * GiB, 1));
+    Allocator a(sim, Config::parse(std::string("small_limit:512,sweep_interval:1") +
+                                   (memory_first ? ",whole_chunk_min:0" : "")));
+    void* live = a.allocate(2 * GiB, 1);  // the peak: 2% of it is ~42 MiB of slack
+    std::vector<void*> ps;
+    for (int i = 0; i < 10; ++i) {
+      ps.push_back(a.allocate(8 * MiB, 1));
+      ps.push_back(a.allocate(1 * MiB + 512, 1));  // pins between the 8 MiB blocks
+    }
+    for (std::size_t i = 0; i < ps.size(); i += 2) a.deallocate(ps[i]);
+    a.process_events();
+    sim.advance(10);
+    const std::size_t before = sim.physical_bytes();
+    void* q = a.allocate(16 * MiB, 2);  // fits no free block: grow or steal
+    const Stats s = a.stats();
+    if (memory_first) {
+      EXPECT_GT(s.granules_stolen, 0) << "memory first grew instead of stealing";
+      EXPECT_LT(sim.physical_bytes(), before + 16 * MiB);
+    } else {
+      EXPECT_EQ(s.granules_stolen, 0) << "the default stole within its slack";
+      EXPECT_GE(sim.physical_bytes(), before + 16 * MiB);
+    }
+    a.check_invariants();
+    a.deallocate(q);
+    for (std::size_t i = 1; i < ps.size(); i += 2) a.deallocate(ps[i]);
+    a.deallocate(live);
+  }
 }
 
 TEST(Defrag, ReleaseCachedReturnsEverythingFree) {

@@ -32,8 +32,14 @@ class TrackingBackend final : public DeviceBackend {
     sim_.unmap(va, bytes);
     for (std::size_t i = 0; i < bytes; i += granularity()) phys_.erase(va + i);
   }
-  EventId record_event(StreamId s) override { return sim_.record_event(s); }
-  bool event_completed(EventId e) override { return sim_.event_completed(e); }
+  EventId record_event(StreamId s) override {
+    ++records;
+    return sim_.record_event(s);
+  }
+  bool event_completed(EventId e) override {
+    ++queries;
+    return sim_.event_completed(e);
+  }
   void wait_event(EventId e) override { sim_.wait_event(e); }
   void release_event(EventId e) override { sim_.release_event(e); }
 
@@ -45,6 +51,9 @@ class TrackingBackend final : public DeviceBackend {
     for (DevicePtr va = lo; va < addr(p) + bytes; va += g) out.insert(phys_.at(va));
     return out;
   }
+
+  int records = 0;  ///< record_event() calls
+  int queries = 0;  ///< event_completed() calls
 
  private:
   SimBackend& sim_;
@@ -236,6 +245,32 @@ TEST_F(OwedSharingUnified, ARequestSeesWhatTheFreesLeftOwed) {
   EXPECT_TRUE(q == p[0] || q == p[2]) << "stream 2 did not get a block the sweep shared";
   a.check_invariants();
   for (void* x : {q, p[1], p[3]}) a.deallocate(x);
+}
+
+// The free that checks a stream's sweeps records one and leaves the poll of those in flight to
+// the next request: no event query on the free path.
+TEST(SweepCheck, TheCheckingFreeRecordsAndTheNextRequestPolls) {
+  SimBackend sim(sim_options(1 * GiB, 1));
+  TrackingBackend backend(sim);
+  Allocator a(backend, Config::parse("small_limit:512,sweep_interval:2"));
+  std::vector<void*> p;
+  for (int i = 0; i < 8; ++i) p.push_back(a.allocate(2 * MiB, 1));
+  // Free every other block: the live ones between keep the frees from coalescing.
+  a.deallocate(p[0]);
+  a.deallocate(p[2]);  // 2nd free: records a sweep covering p[0] and p[2]
+  sim.advance(1);      // ... which completes
+  a.deallocate(p[4]);
+  const int queries = backend.queries, records = backend.records;
+  a.deallocate(p[6]);  // 4th free: records the next sweep, polls nothing
+  EXPECT_EQ(backend.queries, queries) << "the checking free queried an event";
+  EXPECT_EQ(backend.records, records + 1);
+  EXPECT_EQ(a.memory_breakdown().shared_cached, 0u) << "shared before any request polled";
+  a.check_invariants();
+  void* q = a.allocate(2 * MiB, 2);  // the request polls: the first sweep completed
+  EXPECT_GT(backend.queries, queries);
+  EXPECT_TRUE(q == p[0] || q == p[2]) << "stream 2 did not get a block the sweep shared";
+  a.check_invariants();
+  for (void* x : {q, p[1], p[3], p[5], p[7]}) a.deallocate(x);
 }
 
 TEST_F(OwedSharing, ARequestSeesWhatTheFreesLeftOwed) {
