@@ -409,16 +409,21 @@ bool BlockPool::near(const Block* b, Pred&& pred) const {
   return false;
 }
 
-bool BlockPool::unpolled(const Block* b) const {
-  if (b->allocated || b->shared) return false;
+const BlockPool::StreamPool* BlockPool::free_owner(const Block* b) const {
+  if (b->allocated || b->shared) return nullptr;
   const auto it = streams_.find(b->stream);
-  return it != streams_.end() && b->free_seq <= it->second.unpolled_reach;
+  return it == streams_.end() ? nullptr : &it->second;
+}
+
+bool BlockPool::unpolled(const Block* b) const {
+  const StreamPool* sp = free_owner(b);
+  return sp != nullptr && b->free_seq <= sp->unpolled_reach;
 }
 
 bool BlockPool::owes(const Block* b) const {
-  if (owed_.empty() || b->allocated || b->shared) return false;
-  const auto it = streams_.find(b->stream);
-  return it != streams_.end() && b->free_seq <= it->second.done;
+  if (owed_.empty()) return false;
+  const StreamPool* sp = free_owner(b);
+  return sp != nullptr && b->free_seq <= sp->done;
 }
 
 Block* BlockPool::reserve_lazy(std::size_t size, StreamId stream) {

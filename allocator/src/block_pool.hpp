@@ -279,6 +279,8 @@ class BlockPool {
   /// this kept every placement and driver call of polling at the check on the bundled traces
   /// (docs/results.md). Segment mode shares at once (its frees absorb any shared neighbour).
   bool lazy_shares() const { return !segments_; }
+  /// The stream pool of b if b is an owned free or retired block, else nullptr.
+  const StreamPool* free_owner(const Block* b) const;
   /// b is an owned free or retired block that a completed sweep covers, its sharing owed.
   bool owes(const Block* b) const;
   /// b is an owned free or retired block that its stream's unpolled entry would cover if its
