@@ -411,6 +411,8 @@ bool BlockPool::near(const Block* b, Pred&& pred) const {
 
 const BlockPool::StreamPool* BlockPool::free_owner(const Block* b) const {
   if (b->allocated || b->shared) return nullptr;
+  // A free's neighbours are mostly its own stream's: stream_pool()'s cache skips the hash lookup.
+  if (last_sp_ != nullptr && b->stream == last_stream_) return last_sp_;
   const auto it = streams_.find(b->stream);
   return it == streams_.end() ? nullptr : &it->second;
 }
