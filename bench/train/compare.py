@@ -44,6 +44,13 @@ ALLOCATORS = ("native", "expandable", "cuarena")
 MiB = 1 << 20
 
 
+def mapping_calls(res) -> str:
+    """cuarena's cuMemMap/cuMemUnmap/cuMemSetAccess calls in each of the last 5 steps, when it
+    served the run ("" otherwise): 0 once its layout has converged."""
+    calls = res.get("cuarena_mapping_calls_per_step")
+    return f", mapping calls in the last steps {calls[-5:]}" if calls else ""
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="gpt2,resnet50,gpt2_varlen")
@@ -268,7 +275,7 @@ def main(argv=None) -> int:
                 print(f"  {model:12s} {alloc:10s} backend {res['allocator_backend']:8s} "
                       f"peak reserved {res['max_memory_reserved'] / MiB:9.0f} MiB, median step "
                       f"{(median_step(res) or 0) * 1e3:8.1f} ms, final loss {res['losses'][-1]:.6f}"
-                      f" ({res['wall_s']:.0f} s)", flush=True)
+                      f" ({res['wall_s']:.0f} s){mapping_calls(res)}", flush=True)
     rows = [summarize(m, results[m]) for m in models]
     md = table(rows, args.steps)
     print()

@@ -179,8 +179,25 @@ def main(argv=None) -> int:
         s = torch.cuda.memory_stats()
         return int(s.get("num_device_alloc", 0) + s.get("num_device_free", 0))
 
+    # cuarena's mapping calls per step too (cuMemMap, cuMemUnmap, cuMemSetAccess): a layout that
+    # converged makes none; each costs ~40 us on an H200.
+    cuarena_mod = sys.modules.get("cuarena")
+
+    def mapping_calls_so_far() -> int:
+        if cuarena_mod is None:
+            return 0
+        try:
+            own = cuarena_mod.stats()
+        except cuarena_mod.CuarenaError:
+            return 0
+        return int(sum(own.get(k, 0) for k in (
+            "cuarena.map_calls", "cuarena.unmap_calls", "cuarena.access_calls")))
+
+    mapping_calls: list[int] = []
+
     for _ in range(args.steps):
         calls_before = calls_so_far()
+        mapping_before = mapping_calls_so_far()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = task.step()
@@ -191,12 +208,12 @@ def main(argv=None) -> int:
         free, _ = torch.cuda.mem_get_info()
         used.append(total_mem - free)
         device_calls.append(calls_so_far() - calls_before)
+        mapping_calls.append(mapping_calls_so_far() - mapping_before)
 
     stats = torch.cuda.memory_stats()
     # cuarena's own counters when it serves this process (its package imported and enabled).
     cuarena_stats = None
-    if "cuarena" in sys.modules:
-        cuarena_mod = sys.modules["cuarena"]
+    if cuarena_mod is not None:
         try:
             own = cuarena_mod.stats()
         except cuarena_mod.CuarenaError:
@@ -212,6 +229,7 @@ def main(argv=None) -> int:
         "losses": losses,
         "step_times_s": times,
         "device_calls_per_step": device_calls,
+        "cuarena_mapping_calls_per_step": mapping_calls if cuarena_mod is not None else None,
         "max_memory_reserved": torch.cuda.max_memory_reserved(),
         "max_memory_allocated": torch.cuda.max_memory_allocated(),
         "memory_reserved_end": torch.cuda.memory_reserved(),
