@@ -4,7 +4,7 @@ its range over device lags, driver calls per steady-state pass and how many pass
 stop calling the driver.
 
     python3 bench/policy_table.py [--config C]... [--traces T...] [--lags 1,4,16,64]
-                                  [--passes 10] [--json out.json] [--markdown]
+                                  [--passes 10] [--json out.json] [--no-steady]
 
 Each --config is one column group (an empty string is the default; repeat --config for several).
 Runs build/bin/cuarena (replay) and build/bin/cuarena_steady_state; set CUARENA_BIN_DIR to use
