@@ -179,19 +179,25 @@ def main(argv=None) -> int:
         s = torch.cuda.memory_stats()
         return int(s.get("num_device_alloc", 0) + s.get("num_device_free", 0))
 
-    # cuarena's mapping calls per step too (cuMemMap, cuMemUnmap, cuMemSetAccess): a layout that
-    # converged makes none; each costs ~40 us on an H200.
+    # cuarena's own counters when it serves this process (its package imported and enabled);
+    # {} otherwise.
     cuarena_mod = sys.modules.get("cuarena")
 
-    def mapping_calls_so_far() -> int:
+    def cuarena_counters() -> dict:
         if cuarena_mod is None:
-            return 0
+            return {}
         try:
-            own = cuarena_mod.stats()
+            return cuarena_mod.stats()
         except cuarena_mod.CuarenaError:
-            return 0
-        return int(sum(own.get(k, 0) for k in (
-            "cuarena.map_calls", "cuarena.unmap_calls", "cuarena.access_calls")))
+            return {}
+
+    # Its mapping calls per step too (cuMemMap, cuMemUnmap, cuMemSetAccess): a layout that
+    # converged makes none; each costs ~40 us on an H200.
+    mapping_keys = ("cuarena.map_calls", "cuarena.unmap_calls", "cuarena.access_calls")
+
+    def mapping_calls_so_far() -> int:
+        own = cuarena_counters()
+        return int(sum(own.get(k, 0) for k in mapping_keys))
 
     mapping_calls: list[int] = []
 
@@ -211,17 +217,10 @@ def main(argv=None) -> int:
         mapping_calls.append(mapping_calls_so_far() - mapping_before)
 
     stats = torch.cuda.memory_stats()
-    # cuarena's own counters when it serves this process (its package imported and enabled).
-    cuarena_stats = None
-    if cuarena_mod is not None:
-        try:
-            own = cuarena_mod.stats()
-        except cuarena_mod.CuarenaError:
-            own = {}
-        cuarena_stats = {k: own[k] for k in (
-            "cuarena.map_calls", "cuarena.unmap_calls", "cuarena.access_calls",
-            "cuarena.events_recorded", "cuarena.sweep_polls", "cuarena.sweep_polls_pending")
-            if k in own} or None
+    own = cuarena_counters()
+    cuarena_stats = {k: own[k] for k in (
+        *mapping_keys, "cuarena.events_recorded", "cuarena.sweep_polls",
+        "cuarena.sweep_polls_pending") if k in own} or None
     result = {
         "model": args.model,
         "steps": args.steps,
