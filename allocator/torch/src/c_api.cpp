@@ -2,7 +2,6 @@
 // pluggable ABI for torch.cuda.memory.CUDAPluggableAllocator.
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <torch/headeronly/version.h>
 
 #include <cstdio>
 #include <cstring>
@@ -108,7 +107,7 @@ int cuarena_torch_is_installed(void) {
   return g_installed != nullptr && CCA::allocator.load() == g_installed.get() ? 1 : 0;
 }
 
-const char* cuarena_torch_built_for(void) { return TORCH_VERSION; }
+const char* cuarena_torch_built_for(void) { return CUARENA_TORCH_VERSION; }
 
 int cuarena_config_check(const char* config, char* err, size_t errlen) {
   return guarded(err, errlen, [&] { (void)Config::parse(config == nullptr ? "" : config); });

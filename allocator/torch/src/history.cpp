@@ -4,6 +4,13 @@
 
 namespace cuarena::torch_adapter {
 
+namespace {
+thread_local std::string thread_metadata_;  // _set_memory_metadata's, per thread
+}  // namespace
+
+void History::set_thread_metadata(const std::string& metadata) { thread_metadata_ = metadata; }
+std::string History::thread_metadata() { return thread_metadata_; }
+
 void History::configure(bool enabled, CDA::CreateContextFn recorder, std::size_t max_entries,
                         CDA::RecordContext when, bool clear, const std::vector<std::string>& skip) {
   std::lock_guard lock(mu_);
@@ -33,6 +40,17 @@ void History::attach_tracker(CDA::AllocatorTraceTracker tracker) {
   wanted_.store(true, std::memory_order_relaxed);
 }
 
+void History::push(c10::DeviceIndex device, const CDA::TraceEntry& te) {
+  if (rings_.size() <= std::size_t(device)) rings_.resize(std::size_t(device) + 1);
+  Ring& r = rings_[std::size_t(device)];
+  if (r.entries.size() < max_entries_) {
+    r.entries.push_back(te);
+  } else {
+    r.entries[r.next] = te;
+    r.next = (r.next + 1) % max_entries_;
+  }
+}
+
 bool History::skipped(Action action) const { return skip_.count(int(action)) != 0; }
 
 void History::record(Action action, c10::DeviceIndex device, std::size_t addr, std::size_t size,
@@ -51,22 +69,15 @@ void History::record(Action action, c10::DeviceIndex device, std::size_t addr, s
                      ((action == Action::ALLOC && when >= CDA::RecordContext::STATE) ||
                       (action == Action::FREE_REQUESTED && when == CDA::RecordContext::ALL));
   if (stack) ctx = recorder();
-  CDA::TraceEntry te(action, device, addr, size, stream, pool, c10::getApproximateTime(),
-                     when >= CDA::RecordContext::ALLOC || action != Action::ALLOC ? ctx : nullptr);
+  CDA::TraceEntry te =
+      make_trace_entry(action, device, addr, size, stream, pool, c10::getApproximateTime(),
+                       when >= CDA::RecordContext::ALLOC || action != Action::ALLOC ? ctx : nullptr,
+                       thread_metadata_);
   std::vector<CDA::AllocatorTraceTracker> trackers;
   {
     std::lock_guard lock(mu_);
     if (action == Action::ALLOC && ctx) contexts_[addr] = ctx;
-    if (enabled() && !skipped(action) && device >= 0) {
-      if (rings_.size() <= std::size_t(device)) rings_.resize(std::size_t(device) + 1);
-      Ring& r = rings_[std::size_t(device)];
-      if (r.entries.size() < max_entries_) {
-        r.entries.push_back(te);
-      } else {
-        r.entries[r.next] = te;
-        r.next = (r.next + 1) % max_entries_;
-      }
-    }
+    if (enabled() && !skipped(action) && device >= 0) push(device, te);
     trackers = trackers_;
   }
   for (const auto& t : trackers) t(te);
@@ -107,6 +118,30 @@ void History::annotate(const std::vector<std::pair<std::string, std::string>>& m
   for (const auto& [k, v] : md) e.recordUserMetadata(k, v);
   std::lock_guard lock(mu_);
   annotations_.push_back(std::move(e));
+}
+
+void History::annotate_allocation(c10::DeviceIndex device, std::size_t addr, std::size_t size,
+                                  void* stream, const std::string& metadata) {
+  if (!kTraceAnnotate || !enabled() || device < 0) return;
+  CDA::CreateContextFn recorder;
+  CDA::RecordContext when;
+  {
+    std::lock_guard lock(mu_);
+    recorder = recorder_;
+    when = when_;
+  }
+  // The annotation site's stack, kept as an allocation's would be.
+  std::shared_ptr<c10::GatheredContext> ctx;
+  if (recorder != nullptr && when >= CDA::RecordContext::ALLOC) ctx = recorder();
+  CDA::TraceEntry te = make_trace_entry(annotate_action(), device, addr, size, stream, {0, 0},
+                                        c10::getApproximateTime(), ctx, metadata);
+  std::vector<CDA::AllocatorTraceTracker> trackers;
+  {
+    std::lock_guard lock(mu_);
+    push(device, te);
+    trackers = trackers_;
+  }
+  for (const auto& t : trackers) t(te);
 }
 
 std::vector<CDA::AnnotationEntry> History::annotations() const {

@@ -17,9 +17,9 @@
 #include <unordered_set>
 #include <vector>
 
-namespace cuarena::torch_adapter {
+#include "torch_compat.hpp"
 
-namespace CDA = c10::CachingDeviceAllocator;
+namespace cuarena::torch_adapter {
 
 class History {
  public:
@@ -49,6 +49,16 @@ class History {
 
   void annotate(const std::vector<std::pair<std::string, std::string>>& md,
                 c10::DeviceIndex device);
+  /// torch.cuda.memory._annotate_tensor: an "annotate" entry for the live allocation at `addr`
+  /// (`size` bytes) carrying `metadata`, with the stack where RecordContext keeps alloc stacks.
+  /// Torch 2.14 and later (earlier minors have no such action); a no-op unless enabled().
+  void annotate_allocation(c10::DeviceIndex device, std::size_t addr, std::size_t size,
+                           void* stream, const std::string& metadata);
+
+  /// The calling thread's metadata, stamped on every entry it records
+  /// (torch.cuda.memory._set_memory_metadata; thread-local, as in PyTorch).
+  static void set_thread_metadata(const std::string& metadata);
+  static std::string thread_metadata();
   std::vector<CDA::AnnotationEntry> annotations() const;
 
  private:
@@ -57,6 +67,7 @@ class History {
     std::size_t next = 0;  // where the next entry goes once the ring is full
   };
   bool skipped(Action action) const;
+  void push(c10::DeviceIndex device, const CDA::TraceEntry& te);  // into its ring; under mu_
 
   std::atomic<bool> enabled_{false};
   std::atomic<bool> wanted_{false};

@@ -13,6 +13,19 @@ PrivatePools::Entry& PrivatePools::entry(c10::MempoolId_t id) {
   return it->second;
 }
 
+PrivatePool::Upstream PrivatePools::counted_upstream(c10::MempoolId_t id) {
+  // PrivatePool calls its upstream only from members PrivatePools calls under mu_.
+  return PrivatePool::Upstream{[this, id](std::size_t bytes) -> DevicePtr {
+                                 const DevicePtr p = upstream_.allocate(bytes);
+                                 if (p != 0) reserved_[id].increase(bytes);
+                                 return p;
+                               },
+                               [this, id](DevicePtr ptr, std::size_t bytes) {
+                                 upstream_.deallocate(ptr, bytes);
+                                 reserved_[id].decrease(bytes);
+                               }};
+}
+
 void PrivatePools::erase_if_dead(std::map<c10::MempoolId_t, Entry>::iterator it) {
   Entry& e = it->second;
   if (e.use_count > 0) return;
@@ -28,7 +41,7 @@ void PrivatePools::create_or_incref(c10::MempoolId_t id) {
   auto it = pools_.find(id);
   if (it == pools_.end()) {
     Entry e;
-    e.pool = std::make_unique<PrivatePool>(upstream_);
+    e.pool = std::make_unique<PrivatePool>(counted_upstream(id));
     it = pools_.emplace(id, std::move(e)).first;
     pools_alive_.fetch_add(1, std::memory_order_acq_rel);
   }
@@ -54,7 +67,7 @@ void PrivatePools::set_no_split(c10::MempoolId_t id) {
               "cuarena: setNoSplit on a memory pool that already holds memory");
   PrivatePool::Options o;
   o.no_split = true;
-  e.pool = std::make_unique<PrivatePool>(upstream_, o);
+  e.pool = std::make_unique<PrivatePool>(counted_upstream(id), o);
   e.no_split = true;
 }
 
@@ -208,6 +221,35 @@ std::size_t PrivatePools::reserved_bytes() {
   std::size_t bytes = 0;
   for (auto& [id, e] : pools_) bytes += e.pool->reserved_bytes();
   return bytes;
+}
+
+std::vector<PoolReserved> PrivatePools::reserved_stats() {
+  std::lock_guard lock(mu_);
+  std::vector<PoolReserved> out;
+  for (const auto& [id, stat] : reserved_) {
+    PoolReserved r{id, {}};
+    r.reserved[std::size_t(c10::CachingAllocator::StatType::AGGREGATE)] = stat;
+    r.reserved[std::size_t(c10::CachingAllocator::StatType::LARGE_POOL)] = stat;  // no slabs
+    out.push_back(r);
+  }
+  return out;
+}
+
+void PrivatePools::reset_reserved_peaks() {
+  std::lock_guard lock(mu_);
+  for (auto& [id, stat] : reserved_) stat.reset_peak();
+}
+
+void PrivatePools::reset_reserved_accumulated() {
+  std::lock_guard lock(mu_);
+  for (auto it = reserved_.begin(); it != reserved_.end();) {
+    it->second.reset_accumulated();
+    if (it->second.current == 0 && pools_.count(it->first) == 0) {
+      it = reserved_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 std::size_t PrivatePools::largest_free_block() {

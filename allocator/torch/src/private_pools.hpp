@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cuarena/private_pool.hpp"
+#include "torch_compat.hpp"
 
 namespace cuarena::torch_adapter {
 
@@ -86,6 +87,13 @@ class PrivatePools {
   std::size_t reserved_bytes();
   std::size_t largest_free_block();
 
+  /// Bytes reserved by each pool that has reserved any since the last reset
+  /// (DeviceStats::reserved_bytes_by_private_pools): current is 0 once a pool is deleted; peak,
+  /// allocated and freed are kept until reset_reserved_peaks / reset_reserved_accumulated.
+  std::vector<PoolReserved> reserved_stats();
+  void reset_reserved_peaks();
+  void reset_reserved_accumulated();  // also forgets deleted pools
+
  private:
   struct Entry {
     std::unique_ptr<PrivatePool> pool;
@@ -98,11 +106,15 @@ class PrivatePools {
     std::function<bool(cudaStream_t)> filter;
   };
   Entry& entry(c10::MempoolId_t id);  // throws c10::Error for an unknown pool
+  /// upstream_, counting pool `id`'s segments in reserved_ (called under mu_).
+  PrivatePool::Upstream counted_upstream(c10::MempoolId_t id);
   void erase_if_dead(std::map<c10::MempoolId_t, Entry>::iterator it);
 
   PrivatePool::Upstream upstream_;
   std::mutex mu_;
   std::map<c10::MempoolId_t, Entry> pools_;
+  // by pool, segment bytes as PyTorch's Stat (current, peak, allocated, freed); under mu_
+  std::map<c10::MempoolId_t, c10::CachingAllocator::Stat> reserved_;
   std::vector<Context> open_;
   std::atomic<int> contexts_{0};
   std::atomic<int> pools_alive_{0};

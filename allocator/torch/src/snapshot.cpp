@@ -72,7 +72,7 @@ CDA::DeviceStats to_device_stats(const Stats& s, const Stats& base) {
   return d;
 }
 
-SnapshotInfo TorchAllocator::snapshot(c10::MempoolId_t mempool_id, bool include_traces) {
+SnapshotInfo TorchAllocator::take_snapshot(c10::MempoolId_t mempool_id, bool include_traces) {
   SnapshotInfo info;
   const bool all = mempool_id == c10::MempoolId_t{0, 0};
   for (const auto& slot : devices_) {
@@ -90,7 +90,7 @@ SnapshotInfo TorchAllocator::snapshot(c10::MempoolId_t mempool_id, bool include_
       CDA::SegmentInfo out;
       out.device = d->index;
       out.address = seg->addr;
-      out.stream = reinterpret_cast<void*>(seg->stream);
+      out.stream = reinterpret_cast<decltype(out.stream)>(seg->stream);
       out.is_large = true;
       out.owner_private_pool_id = id;
       for (const auto& b : seg->blocks) {
@@ -118,7 +118,7 @@ SnapshotInfo TorchAllocator::snapshot(c10::MempoolId_t mempool_id, bool include_
         if (out.blocks.empty()) {
           out.device = d->index;
           out.address = piece.addr;
-          out.stream = reinterpret_cast<void*>(run.stream);
+          out.stream = reinterpret_cast<decltype(out.stream)>(run.stream);
           out.is_large = true;
         }
         out.blocks.push_back(block_info(
@@ -143,8 +143,8 @@ SnapshotInfo TorchAllocator::snapshot(c10::MempoolId_t mempool_id, bool include_
   c.expandable_segments = false;
   c.release_lock_on_malloc = false;
   c.pinned_use_host_register = false;
-  c.graph_capture_record_stream_reuse = false;
   c.last_allocator_settings = "backend:cuarena," + config_.to_string();
+  fill_newer_config(c);
   return info;
 }
 

@@ -59,6 +59,9 @@ TorchAllocator::Device& TorchAllocator::device(c10::DeviceIndex index) {
   auto owned = std::make_unique<Device>();
   owned->index = index;
   owned->main = &allocators_.allocator(index);
+  // Read at first use, not at install: PyTorch parses its settings once, and the Python
+  // package removes cuarena's own keys from them between install and CUDA's initialisation.
+  owned->reject_unbackable = throw_on_oom_setting();
   C10_CUDA_CHECK(cudaStreamCreateWithFlags(&owned->segment_stream, cudaStreamNonBlocking));
   cuarena::Allocator* main = owned->main;
   const StreamId seg_stream = as_id(owned->segment_stream);
@@ -136,6 +139,7 @@ void* TorchAllocator::malloc(c10::DeviceIndex dev, std::size_t bytes, cudaStream
 
 void* TorchAllocator::main_allocate(Device& d, std::size_t bytes, cudaStream_t stream,
                                     c10::MempoolId_t& pool) {
+  if (d.reject_unbackable && bytes > memory_available(d.index)) reject(d, bytes);
   try {
     return d.main->allocate(bytes, as_id(stream));
   } catch (const OutOfMemoryError& e) {
@@ -197,6 +201,27 @@ void TorchAllocator::flush_deferred(Device& d) {
     history_.record(History::Action::FREE_COMPLETED, d.index, reinterpret_cast<std::size_t>(p), 0,
                     nullptr, {0, 0});
   }
+}
+
+[[noreturn]] void TorchAllocator::reject(Device& d, std::size_t bytes) {
+  d.oom_rejections.fetch_add(1, std::memory_order_relaxed);
+  std::size_t device_free = 0, device_total = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&device_free, &device_total));
+  const auto allocated = std::size_t(d.main->stats().allocated_bytes[0].current);
+  std::vector<OomRejectionFn> observers;
+  {
+    std::lock_guard lock(observers_mu_);
+    observers = rejection_observers_;
+  }
+  for (const auto& o : observers) o(d.index, bytes, allocated, device_total);
+  std::ostringstream msg;
+  msg << "CUDA out of memory (cuarena, throw_on_cudamalloc_oom). Refused to allocate "
+      << bytes_text(bytes) << " on GPU " << int(d.index) << ": free device memory and cuarena's "
+      << "reusable cache add up to " << bytes_text(memory_available(d.index))
+      << " within its limit of " << bytes_text(d.main->memory_limit()) << " (device total "
+      << bytes_text(device_total) << ", " << bytes_text(allocated)
+      << " allocated by PyTorch). Refused before reclaiming, as throw_on_cudamalloc_oom asks.";
+  TORCH_CHECK_WITH(OutOfMemoryError, false, msg.str());
 }
 
 [[noreturn]] void TorchAllocator::out_of_memory(Device& d, std::size_t bytes,
@@ -263,10 +288,6 @@ void TorchAllocator::setMemoryFraction(double fraction, c10::DeviceIndex dev) {
   device(dev).main->set_memory_fraction(fraction);
 }
 
-std::vector<StreamSegmentSize> TorchAllocator::getExpandableSegmentSizes(c10::DeviceIndex) {
-  return {};  // cuarena has no expandable segments: it maps granules wherever they are needed
-}
-
 void TorchAllocator::cacheInfo(c10::DeviceIndex dev, size_t* largestBlock) {
   // cuDNN's benchmark mode sizes workspaces from this: the largest request that would succeed
   // now. cuarena can back a request from device free memory and every cached granule at once.
@@ -310,7 +331,10 @@ CDA::DeviceStats TorchAllocator::getDeviceStats(c10::DeviceIndex dev) {
   Device& d = device(dev);
   const Stats s = d.main->stats();
   std::lock_guard lock(d.stats_mu);
-  return to_device_stats(s, d.accumulated_base);
+  CDA::DeviceStats out = to_device_stats(s, d.accumulated_base);
+  fill_newer_stats(out, d.oom_rejections.load(std::memory_order_relaxed) - d.rejections_base,
+                   d.pools->reserved_stats());
+  return out;
 }
 
 void TorchAllocator::resetAccumulatedStats(c10::DeviceIndex dev) {
@@ -318,11 +342,17 @@ void TorchAllocator::resetAccumulatedStats(c10::DeviceIndex dev) {
   const Stats s = d.main->stats();
   std::lock_guard lock(d.stats_mu);
   d.accumulated_base = s;
+  d.rejections_base = d.oom_rejections.load(std::memory_order_relaxed);
+  d.pools->reset_reserved_accumulated();
 }
 
-void TorchAllocator::resetPeakStats(c10::DeviceIndex dev) { device(dev).main->reset_peak_stats(); }
+void TorchAllocator::resetPeakStats(c10::DeviceIndex dev) {
+  Device& d = device(dev);
+  d.main->reset_peak_stats();
+  d.pools->reset_reserved_peaks();
+}
 
-std::pair<size_t, size_t> TorchAllocator::getMemoryInfo(c10::DeviceIndex dev) {
+std::pair<size_t, size_t> TorchAllocator::memory_info(c10::DeviceIndex dev) {
   c10::cuda::CUDAGuard guard(dev);
   size_t free = 0, total = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -331,10 +361,10 @@ std::pair<size_t, size_t> TorchAllocator::getMemoryInfo(c10::DeviceIndex dev) {
 
 // --- History, observers ------------------------------------------------------------------------
 
-void TorchAllocator::recordHistory(bool enabled, CDA::CreateContextFn context_recorder,
-                                   size_t alloc_trace_max_entries, CDA::RecordContext when,
-                                   bool clearHistory,
-                                   const std::vector<std::string>& skip_actions) {
+void TorchAllocator::record_history(bool enabled, CDA::CreateContextFn context_recorder,
+                                    size_t alloc_trace_max_entries, CDA::RecordContext when,
+                                    bool clearHistory,
+                                    const std::vector<std::string>& skip_actions) {
   history_.configure(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory,
                      skip_actions);
 }
@@ -352,6 +382,39 @@ void TorchAllocator::attachOutOfMemoryObserver(OutOfMemoryObserver observer) {
 
 void TorchAllocator::attachAllocatorTraceTracker(CDA::AllocatorTraceTracker tracker) {
   history_.attach_tracker(std::move(tracker));
+}
+
+void TorchAllocator::add_oom_rejection_observer(OomRejectionFn observer) {
+  std::lock_guard lock(observers_mu_);
+  rejection_observers_.push_back(std::move(observer));
+}
+
+std::shared_ptr<c10::GatheredContext> TorchAllocator::context_for(const void* ptr) {
+  return history_.context_of(reinterpret_cast<std::size_t>(ptr));
+}
+
+void TorchAllocator::set_user_metadata(const std::string& metadata) {
+  History::set_thread_metadata(metadata);
+}
+
+std::string TorchAllocator::user_metadata() { return History::thread_metadata(); }
+
+void TorchAllocator::annotate_memory(const void* ptr, const std::string& metadata) {
+  if (!history_.enabled() || ptr == nullptr) return;
+  void* p = const_cast<void*>(ptr);
+  const int dev = allocators_.device_of(p);
+  TORCH_CHECK(dev >= 0, "cuarena: annotating ", ptr, ", which cuarena did not allocate");
+  Device& d = device(c10::DeviceIndex(dev));
+  std::size_t size = d.pools->any_pool() ? d.pools->block_size(p) : 0;
+  cudaStream_t stream = nullptr;
+  if (size == 0) {
+    const auto info = d.main->find(p);
+    TORCH_CHECK(info.has_value(), "cuarena: annotating ", ptr,
+                ", which is not the start of a live allocation");
+    size = info->requested;
+    stream = as_stream(info->stream);
+  }
+  history_.annotate_allocation(d.index, reinterpret_cast<std::size_t>(ptr), size, stream, metadata);
 }
 
 // --- Private pools -----------------------------------------------------------------------------
@@ -381,20 +444,20 @@ int TorchAllocator::getPoolUseCount(c10::DeviceIndex dev, c10::MempoolId_t mempo
   return device(dev).pools->use_count(mempool_id);
 }
 
-void TorchAllocator::createOrIncrefPool(c10::DeviceIndex dev, c10::MempoolId_t mempool_id,
-                                        std::shared_ptr<CUDAAllocator> allocator) {
-  TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+void TorchAllocator::create_or_incref_pool(c10::DeviceIndex dev, c10::MempoolId_t mempool_id,
+                                           const CUDAAllocator* allocator) {
+  TORCH_CHECK(allocator == nullptr || allocator == this,
               "cuarena: a MemPool with its own allocator is not served by cuarena; create the "
               "MemPool without an allocator argument (cuarena backs it)");
   device(dev).pools->create_or_incref(mempool_id);
 }
 
-void TorchAllocator::setUseOnOOM(c10::DeviceIndex dev, c10::MempoolId_t mempool_id,
-                                 bool use_on_oom) {
+void TorchAllocator::set_use_on_oom(c10::DeviceIndex dev, c10::MempoolId_t mempool_id,
+                                    bool use_on_oom) {
   device(dev).pools->set_use_on_oom(mempool_id, use_on_oom);
 }
 
-void TorchAllocator::setNoSplit(c10::DeviceIndex dev, c10::MempoolId_t mempool_id) {
+void TorchAllocator::set_no_split(c10::DeviceIndex dev, c10::MempoolId_t mempool_id) {
   device(dev).pools->set_no_split(mempool_id);
 }
 

@@ -14,6 +14,7 @@
 #include "cuarena/torch_allocator.hpp"
 #include "history.hpp"
 #include "private_pools.hpp"
+#include "torch_compat.hpp"
 
 namespace cuarena::torch_adapter {
 
@@ -23,7 +24,7 @@ using namespace c10::cuda::CUDACachingAllocator;
 /// resetAccumulatedStats (`base`).
 CDA::DeviceStats to_device_stats(const Stats& s, const Stats& base);
 
-class TorchAllocator final : public CUDAAllocator {
+class TorchAllocator final : public VersionedAllocator {
  public:
   explicit TorchAllocator(Config config);
 
@@ -32,47 +33,37 @@ class TorchAllocator final : public CUDAAllocator {
   c10::DeleterFnPtr raw_deleter() const override;
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
-  // c10::DeviceAllocator
+  // c10::DeviceAllocator (2.9 and later; CUDAAllocator's own before)
   bool initialized() override;
   void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
   CDA::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
-  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
 
-  // CUDAAllocator
+  // CUDAAllocator, alike in every supported minor
   void* raw_alloc(size_t nbytes) override;
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override;
   void raw_delete(void* ptr) override;
   void init(int device_count) override;
   double getMemoryFraction(c10::DeviceIndex device) override;
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
-  std::vector<StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override;
   void enable(bool value) override;
   bool isEnabled() const override;
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override;
   void* getBaseAllocation(void* ptr, size_t* size) override;
   using CUDAAllocator::recordStream;
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
-  SnapshotInfo snapshot(c10::MempoolId_t mempool_id = {0, 0}, bool include_traces = true) override;
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
-  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
-                          std::shared_ptr<CUDAAllocator> allocator = nullptr) override;
-  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override;
-  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
   bool checkPoolLiveAllocations(
       c10::DeviceIndex device, c10::MempoolId_t mempool_id,
       const std::unordered_set<void*>& expected_live_allocations) override;
   ShareableHandle shareIpcHandle(void* ptr) override;
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
   bool isHistoryEnabled() override;
-  void recordHistory(bool enabled, CDA::CreateContextFn context_recorder,
-                     size_t alloc_trace_max_entries, CDA::RecordContext when, bool clearHistory,
-                     const std::vector<std::string>& skip_actions) override;
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override;
   void attachOutOfMemoryObserver(OutOfMemoryObserver observer) override;
   void attachAllocatorTraceTracker(CDA::AllocatorTraceTracker tracker) override;
@@ -84,6 +75,23 @@ class TorchAllocator final : public CUDAAllocator {
   CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                          std::shared_ptr<AllocatorState> pps) override;
   std::string name() override;
+
+  // VersionedAllocator: the virtuals whose signatures differ between minors
+  SnapshotInfo take_snapshot(c10::MempoolId_t mempool_id, bool include_traces) override;
+  void create_or_incref_pool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                             const CUDAAllocator* allocator) override;
+  void set_use_on_oom(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                      bool use_on_oom) override;
+  void set_no_split(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  void record_history(bool enabled, CDA::CreateContextFn context_recorder,
+                      size_t alloc_trace_max_entries, CDA::RecordContext when, bool clearHistory,
+                      const std::vector<std::string>& skip_actions) override;
+  void add_oom_rejection_observer(OomRejectionFn observer) override;
+  std::shared_ptr<c10::GatheredContext> context_for(const void* ptr) override;
+  void set_user_metadata(const std::string& metadata) override;
+  std::string user_metadata() override;
+  void annotate_memory(const void* ptr, const std::string& metadata) override;
+  std::pair<size_t, size_t> memory_info(c10::DeviceIndex device) override;
 
   // cuarena's own
   /// `malloc` under PyTorch's semantics: throws c10::OutOfMemoryError.
@@ -105,12 +113,19 @@ class TorchAllocator final : public CUDAAllocator {
     std::vector<void*> deferred;  // frees made on a capturing stream
     std::mutex stats_mu;
     Stats accumulated_base;  // at the last resetAccumulatedStats
+    // PyTorch's throw_on_cudamalloc_oom: a request beyond free device memory plus cuarena's
+    // reusable cache is refused before the reclaim path (no waits, no retries).
+    bool reject_unbackable = false;
+    std::atomic<int64_t> oom_rejections{0};  // requests refused by throw_on_cudamalloc_oom
+    int64_t rejections_base = 0;             // oom_rejections at the last resetAccumulatedStats
   };
   Device& device(c10::DeviceIndex index);  // created on first use
   Device* existing(c10::DeviceIndex index) const;
   bool any_context() const;
   void* main_allocate(Device& d, std::size_t bytes, cudaStream_t stream, c10::MempoolId_t& pool);
   void flush_deferred(Device& d);
+  /// throw_on_cudamalloc_oom: refuses `bytes` up front (counted, observers told).
+  [[noreturn]] void reject(Device& d, std::size_t bytes);
   [[noreturn]] void out_of_memory(Device& d, std::size_t bytes, const std::string& core_message);
 
   const Config config_;
@@ -121,6 +136,7 @@ class TorchAllocator final : public CUDAAllocator {
   History history_;
   std::mutex observers_mu_;
   std::vector<OutOfMemoryObserver> oom_observers_;
+  std::vector<OomRejectionFn> rejection_observers_;
   std::mutex ipc_mu_;
   std::map<std::string, std::weak_ptr<void>> opened_;  // IPC handles mapped here
   std::atomic<int> device_count_{0};

@@ -45,6 +45,6 @@ Stats stats(int device);
 
 namespace cuarena::pluggable {
 /// CUDAPluggableAllocator::set_begin_allocate_to_pool hook.
-void begin_allocate_to_pool(int device, c10::MempoolId_t pool,
+void begin_allocate_to_pool(int device, c10::cuda::MempoolId_t pool,
                             std::function<bool(cudaStream_t)> filter);
 }  // namespace cuarena::pluggable
