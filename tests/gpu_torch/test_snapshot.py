@@ -15,9 +15,18 @@ require_gpu_torch()
 SCENARIO = SEGMENTS_TO_JSON + '''
 MiB = 1 << 20
 torch.cuda.memory._record_memory_history(max_entries=100000)
+metadata = hasattr(torch.cuda.memory, "_set_memory_metadata")  # torch 2.10 and later
 a = torch.empty(MiB, device="cuda")                   # 4 MiB of float32, freed before the snapshot
+if metadata:
+    torch.cuda.memory._set_memory_metadata("phase=forward")  # this thread's entries carry it
 b = torch.empty(1000, device="cuda")                  # 4000 bytes, small
+if metadata:
+    read_back = torch.cuda.memory._get_memory_metadata()
+    torch.cuda.memory._set_memory_metadata("")
 c = torch.empty(25 * MiB, dtype=torch.uint8, device="cuda")
+annotate = hasattr(torch.cuda.memory, "_annotate_tensor")  # torch 2.14 and later
+if annotate:
+    torch.cuda.memory._annotate_tensor(c[1:], "packed for backward")  # a view: its base counts
 a.fill_(1.0); b.fill_(2.0); c.fill_(3)
 a_ptr, a_n = a.data_ptr(), a.nbytes
 del a
@@ -28,13 +37,14 @@ traces = []
 for dev_trace in s["device_traces"][:1]:
     for e in dev_trace:
         traces.append({"action": e["action"], "addr": e.get("addr"), "size": e.get("size"),
-                       "stream": e.get("stream")})
+                       "stream": e.get("stream"), "user_metadata": e.get("user_metadata")})
 torch.cuda.memory._record_memory_history(enabled=None)
 emit({
     "segments": segments_json(s["segments"]),
     "n_device_traces": len(s["device_traces"]),
     "traces": traces,
     "a": [a_ptr, a_n], "b": [b.data_ptr(), b.nbytes], "c": [c.data_ptr(), c.nbytes],
+    "metadata": metadata, "read_back": read_back if metadata else None, "annotate": annotate,
 })
 '''
 
@@ -91,6 +101,25 @@ def test_history_has_alloc_and_free(snap):
         ptr, n = snap[name]
         hits = [e for e in tr if e["action"] == "alloc" and e["addr"] == ptr]
         assert hits and n <= hits[-1]["size"] <= 1.25 * n + 512, (name, hits)
+
+
+def test_user_metadata_is_stamped_on_the_threads_entries(snap):
+    if not snap["metadata"]:
+        pytest.skip("this torch has no torch.cuda.memory._set_memory_metadata (2.10 and later)")
+    assert snap["read_back"] == "phase=forward"
+    entry = {name: [e for e in snap["traces"] if e["action"] == "alloc"
+                    and e["addr"] == snap[name][0]][-1] for name in ("a", "b", "c")}
+    assert entry["b"]["user_metadata"] == "phase=forward", entry["b"]
+    assert not entry["a"]["user_metadata"] and not entry["c"]["user_metadata"], entry
+
+
+def test_annotation_is_an_entry_at_the_allocation(snap):
+    if not snap["annotate"]:
+        pytest.skip("this torch has no torch.cuda.memory._annotate_tensor (2.14 and later)")
+    c_ptr, c_n = snap["c"]
+    notes = [e for e in snap["traces"] if e["action"] == "annotate"]
+    assert [(e["addr"], e["user_metadata"]) for e in notes] == [(c_ptr, "packed for backward")]
+    assert c_n <= notes[0]["size"] <= 1.25 * c_n + 512, notes
 
 
 def test_dump_is_a_snapshot_pickle(snap):

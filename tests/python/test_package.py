@@ -20,6 +20,7 @@ from cuarena import _conf  # noqa: E402
 from cuarena._errors import ConfigError, CuarenaError  # noqa: E402
 
 CUARENA_KEYS = ["per_process_memory_fraction", "small_limit", "stream_cache_bytes", "upstream"]
+NEWEST = _conf.NEWEST_MINOR  # the pure tests use one minor's rules, whatever torch is installed
 ENV_VARS = ("CUARENA", "CUARENA_CONF", "CUARENA_TRACE", "CUARENA_TORCH_LIB",
             "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
@@ -118,31 +119,79 @@ def test_as_dict_ignores_order_and_spacing_and_later_duplicates_win():
     ({"CUARENA": "0", "PYTORCH_CUDA_ALLOC_CONF": "backend:cuarena", "CUARENA_CONF": "a:1"}, None),
     ({"CUARENA": "maybe"}, "CUARENA=maybe"),  # reported by plan()
     ({"PYTORCH_CUDA_ALLOC_CONF": "backend:[cuarena"}, None),  # malformed: PyTorch's to report
+    # malformed but asking for cuarena: a request, for plan() to report
+    ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cuarena,small_limit"},
+     "PYTORCH_CUDA_ALLOC_CONF=...backend:cuarena"),
 ])
 def test_requested(env, reason):
-    assert _conf.requested(env) == (reason, [])
+    assert _conf.requested(env, NEWEST) == (reason, [])
+
+
+def test_malformed_request_is_reported_not_ignored():
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cuarena,small_limit"}
+    with pytest.raises(ConfigError, match=r"PYTORCH_CUDA_ALLOC_CONF: expected key:value at "
+                                          r"position 16, got 'small_limit'"):
+        _conf.plan(env, CUARENA_KEYS, NEWEST)
 
 
 def test_requested_notes_backend_in_the_variable_pytorch_ignores():
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
            "PYTORCH_ALLOC_CONF": "backend:cuarena"}
-    reason, notes = _conf.requested(env)
+    reason, notes = _conf.requested(env, NEWEST)
     assert reason is None
     assert len(notes) == 1
     assert "PYTORCH_ALLOC_CONF" in notes[0] and "PYTORCH_CUDA_ALLOC_CONF" in notes[0]
 
 
-def test_torch_var_prefers_the_cuda_variable_even_when_empty():
-    assert _conf.torch_var({}) is None
-    assert _conf.torch_var({"PYTORCH_ALLOC_CONF": "x"}) == "PYTORCH_ALLOC_CONF"
-    assert _conf.torch_var({"PYTORCH_ALLOC_CONF": "x", "PYTORCH_CUDA_ALLOC_CONF": ""}) == \
-        "PYTORCH_CUDA_ALLOC_CONF"
+@pytest.mark.parametrize("minor", range(10, NEWEST + 1))
+def test_torch_var_prefers_the_cuda_variable_even_when_empty(minor):
+    assert _conf.torch_var({}, minor) is None
+    assert _conf.torch_var({"PYTORCH_ALLOC_CONF": "x"}, minor) == "PYTORCH_ALLOC_CONF"
+    assert _conf.torch_var({"PYTORCH_ALLOC_CONF": "x", "PYTORCH_CUDA_ALLOC_CONF": ""},
+                           minor) == "PYTORCH_CUDA_ALLOC_CONF"
+
+
+@pytest.mark.parametrize("minor", [8, 9])
+def test_torch_before_2_10_reads_only_the_cuda_variable(minor):
+    assert _conf.torch_var({"PYTORCH_ALLOC_CONF": "x"}, minor) is None
+    reason, notes = _conf.requested({"PYTORCH_ALLOC_CONF": "backend:cuarena"}, minor)
+    assert reason is None
+    assert notes == [f"cuarena: PYTORCH_ALLOC_CONF asks for backend:cuarena but torch 2.{minor} "
+                     "does not read PYTORCH_ALLOC_CONF (use PYTORCH_CUDA_ALLOC_CONF)"]
+    p = _conf.plan({"CUARENA": "1", "PYTORCH_ALLOC_CONF": "small_limit:1MiB"}, CUARENA_KEYS,
+                   minor)
+    assert p.config == "" and "PYTORCH_ALLOC_CONF" not in p.env  # not PyTorch's: left alone
+
+
+def test_keys_follow_the_torch_minor():
+    assert "throw_on_cudamalloc_oom" not in _conf.torch_keys(11)
+    assert "throw_on_cudamalloc_oom" in _conf.torch_keys(12)
+    assert "expandable_segments_reserve" in _conf.torch_keys(15)
+    assert "per_process_memory_fraction" not in _conf.torch_keys(9)
+    with pytest.raises(ConfigError, match=r"unknown key 'throw_on_cudamalloc_oom' at position "
+                                          r"16;.*torch 2\.11's"):
+        _conf.plan({"PYTORCH_CUDA_ALLOC_CONF": "backend:cuarena,throw_on_cudamalloc_oom:True"},
+                   CUARENA_KEYS, 11)
+    p = _conf.plan({"PYTORCH_CUDA_ALLOC_CONF": "backend:cuarena,throw_on_cudamalloc_oom:True"},
+                   CUARENA_KEYS, 12)
+    assert p.env["PYTORCH_CUDA_ALLOC_CONF"] == "throw_on_cudamalloc_oom:True"  # cuarena reads it
+    p = _conf.plan({"PYTORCH_CUDA_ALLOC_CONF": "backend:cuarena,expandable_segments_reserve:8G"},
+                   CUARENA_KEYS, 15)
+    assert p.env["PYTORCH_CUDA_ALLOC_CONF"] is None
+    assert p.notes == ["cuarena: expandable_segments_reserve has no effect: cuarena reserves its "
+                       "own address space (its key va_reserve)"]
+
+
+def test_a_misspelt_key_gets_a_suggestion():
+    with pytest.raises(ConfigError, match=r"unknown key 'stream_cahce_bytes' at position 0 "
+                                          r"\(did you mean 'stream_cache_bytes'\?\)"):
+        _conf.plan({"CUARENA_CONF": "stream_cahce_bytes:0"}, CUARENA_KEYS, NEWEST)
 
 
 # --- Rewriting PyTorch's variable -------------------------------------------------------------
 
 def plan(**env):
-    return _conf.plan(env, CUARENA_KEYS)
+    return _conf.plan(env, CUARENA_KEYS, NEWEST)
 
 
 def test_plan_splits_the_pytorch_variable_between_cuarena_and_pytorch():
@@ -182,8 +231,8 @@ def test_plan_drops_native_allocator_keys_with_one_note_each(key, value, why):
 
 
 def test_plan_drops_every_native_only_key_and_keeps_no_other():
-    native = [k for k in _conf.TORCH_KEYS if k in _conf.NO_EFFECT]
-    assert len(native) == 9
+    native = [k for k in _conf.torch_keys(NEWEST) if k in _conf.NO_EFFECT]
+    assert len(native) == 11
     p = plan(PYTORCH_CUDA_ALLOC_CONF=",".join(["backend:cuarena"] + [f"{k}:1" for k in native]))
     assert len(p.notes) == len(native)
     assert p.env["PYTORCH_CUDA_ALLOC_CONF"] is None  # nothing left: deleted
@@ -234,7 +283,8 @@ def test_plan_unknown_key_names_key_position_variable_and_valid_keys():
         plan(PYTORCH_CUDA_ALLOC_CONF=text)
     message = str(e.value)
     assert message.startswith("PYTORCH_CUDA_ALLOC_CONF: unknown key 'stream_cahce_bytes' at "
-                              f"position {text.index('stream_cahce')};")
+                              f"position {text.index('stream_cahce')} (did you mean "
+                              "'stream_cache_bytes'?);")
     assert "stream_cache_bytes" in message and "pinned_num_register_threads" in message
 
 
@@ -272,81 +322,95 @@ def test_plan_checks_keep_positions_of_the_source():
 
 # --- PyTorch facts the rewriting relies on (checked against the installed torch) ---------------
 
-def torch_root():
+def installed_minor():
     import torch
-    return Path(torch.__file__).resolve().parent
+    return _conf.minor_of(torch.__version__)
 
 
-def header_keys(path, function):
-    text = path.read_text()
-    body = text[text.index(function):]
-    body = body[body.index("{", body.index("keys")) + 1:body.index("};")]
-    body = re.sub(r"//[^\n]*", "", body)
-    body = re.sub(r'"\s+"', "", body)  # "release_lock_on_cud" "amalloc"
-    return set(re.findall(r'"([^"]+)"', body))
+# PyTorch's allocator-settings call: it parses a string as the environment's is parsed
+# (torch 2.9 and later have the generic one; 2.8 only the CUDA allocator's).
+PARSE = """
+import torch, sys
+parse = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or \\
+    torch._C._cuda_cudaCachingAllocator_set_allocator_settings
+for text in sys.argv[1:]:
+    try:
+        parse(text)
+        print("ok")
+    except Exception as e:
+        message = str(e).splitlines()[0]
+        print("unknown" if "nrecognized" in message or "nknown key" in message else "error:",
+              message)
+"""
+
+# A value each PyTorch key accepts (or rejects for its value, not its name).
+SAMPLE = {"backend": "native", "expandable_segments_reserve": "1G",
+          "expandable_segments_reserve_by_class": "[a:1G]", "garbage_collection_threshold": "0.5",
+          "max_non_split_rounding_mb": "64", "max_split_size_mb": "100",
+          "per_process_memory_fraction": "0.9", "pinned_num_register_threads": "1",
+          "pinned_reserve_segment_size_mb": "64", "roundup_power2_divisions": "4"}
+
+
+def parse_with_torch(*texts):
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", PARSE, *texts],
+                          env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
 
 
 @needs_torch
-def test_torch_key_list_matches_the_installed_torch_headers():
-    import torch
-    if _conf_minor(torch.__version__) != (2, 11):
-        pytest.skip(f"TORCH_KEYS lists torch 2.11's keys; torch {torch.__version__} is installed")
-    include = torch_root() / "include" / "c10"
-    keys = header_keys(include / "core" / "AllocatorConfig.h", "getMutableKeys()") | \
-        header_keys(include / "cuda" / "CUDAAllocatorConfig.h", "getKeys()")
-    assert keys == set(_conf.TORCH_KEYS)
-
-
-def _conf_minor(version):
-    m = re.match(r"(\d+)\.(\d+)", version)
-    return int(m.group(1)), int(m.group(2))
-
-
-PARSE = """
-import torch, sys
-for text in sys.argv[1:]:
-    try:
-        torch._C._accelerator_setAllocatorSettings(text)
-        print("ok")
-    except Exception as e:
-        print("error:", str(e).splitlines()[0])
-"""
+def test_key_table_matches_the_installed_torchs_parser():
+    # Every key of TORCH_KEYS_SINCE is accepted by its name exactly from the minor listed.
+    minor = installed_minor()
+    keys = sorted(_conf.TORCH_KEYS_SINCE) + ["not_a_pytorch_key"]
+    texts = [f"{k}:{SAMPLE.get(k, 'False' if 'segment' not in k else '20')}" for k in keys]
+    answers = parse_with_torch(*texts)
+    accepted = {k for k, a in zip(keys, answers) if not a.startswith("unknown")}
+    assert accepted == set(_conf.torch_keys(minor)), f"torch 2.{minor}: {dict(zip(keys, answers))}"
 
 
 @needs_torch
 def test_pytorch_accepts_what_the_rewrite_leaves_and_rejects_what_it_removes():
+    minor = installed_minor()
     text = ("backend:cuarena,pinned_use_cuda_host_register:True,expandable_segments:True,"
             "roundup_power2_divisions:[256:1,512:2,>:4],stream_cache_bytes:0,"
             "per_process_memory_fraction:0.5")
-    p = plan(PYTORCH_CUDA_ALLOC_CONF=text, PYTORCH_ALLOC_CONF="x")
+    p = _conf.plan({"PYTORCH_CUDA_ALLOC_CONF": text, "PYTORCH_ALLOC_CONF": "x"}, CUARENA_KEYS,
+                   minor)
     kept = p.env["PYTORCH_CUDA_ALLOC_CONF"]
     assert kept == "pinned_use_cuda_host_register:True"
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", PARSE, kept, text,
-                           "backend:cuarena", "stream_cache_bytes:0",
-                           "backend:native,max_split_size_mb:64"],
-                          env=clean_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [
-        "ok", "error: Unrecognized key 'stream_cache_bytes' in Accelerator allocator config.",
-        "error: Unknown allocator backend, options are native and cudaMallocAsync",
-        "error: Unrecognized key 'stream_cache_bytes' in Accelerator allocator config.", "ok"]
+    answers = parse_with_torch(kept, text, "backend:cuarena", "stream_cache_bytes:0",
+                               "backend:native,max_split_size_mb:64")
+    assert answers[0] == "ok" and answers[4] == "ok", answers
+    assert answers[1] != "ok" and answers[2] != "ok", answers  # backend:cuarena or our key
+    assert answers[3].startswith("unknown"), answers
+
+
+READ_ENV = """
+import torch
+parse = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or \\
+    torch._C._cuda_cudaCachingAllocator_set_allocator_settings
+try:
+    parse("")
+    print("ok")
+except Exception as e:
+    print(str(e).splitlines()[0])
+"""
 
 
 @needs_torch
-def test_pytorch_reads_the_cuda_variable_first():
-    # The order in TORCH_VARS, checked with PyTorch's own parser: with both set to a bad key,
-    # the error names the key of the variable PyTorch reads.
-    code = ("import torch\ntry:\n torch._C._accelerator_setAllocatorSettings('')\n"
-            "except Exception as e: print(str(e).splitlines()[0])")
-    env = clean_env(PYTORCH_CUDA_ALLOC_CONF="cuda_var_key:1", PYTORCH_ALLOC_CONF="alloc_var_key:1")
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert "cuda_var_key" in proc.stdout, proc.stdout + proc.stderr
-    assert _conf.TORCH_VARS[0] == "PYTORCH_CUDA_ALLOC_CONF"
-    env["PYTORCH_CUDA_ALLOC_CONF"] = ""  # set but empty still counts as set
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert "alloc_var_key" not in proc.stdout, proc.stdout
+@pytest.mark.parametrize("env", [
+    {"PYTORCH_CUDA_ALLOC_CONF": "cuda_var_key:1", "PYTORCH_ALLOC_CONF": "alloc_var_key:1"},
+    {"PYTORCH_ALLOC_CONF": "alloc_var_key:1"},
+    {"PYTORCH_CUDA_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": "alloc_var_key:1"},  # set, though empty
+])
+def test_torch_var_is_the_variable_the_installed_torch_reads(env):
+    # With a bad key in each variable, PyTorch's error names the key of the one it reads.
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", READ_ENV],
+                          env=clean_env(**env), capture_output=True, text=True, timeout=120)
+    line = proc.stdout.strip()
+    read = [name for name, value in env.items() if value and value.split(":")[0] in line]
+    assert read == [v for v in [_conf.torch_var(env, installed_minor())] if env.get(v)], line
 
 
 # --- Packaging ----------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from test_package import PACKAGE_ROOT, REPO, clean_env  # also puts the package 
 torch = pytest.importorskip("torch", reason="torch is not installed (CUARENA_NO_TORCH=1?)")
 
 import cuarena  # noqa: E402
-from cuarena import _api, _autoload, _lib  # noqa: E402
+from cuarena import _api, _autoload, _conf, _lib  # noqa: E402
 
 STUB_C = r"""
 /* A stand-in for libcuarena_torch.so: the C API of cuarena/torch_c_api.h, no torch, no CUDA. */
@@ -369,9 +369,29 @@ def test_import_torch_runs_the_entry_point(entry_point_dir, stub_path):
     assert json.loads(proc.stdout.splitlines()[-1])["enabled"] is False
     proc = run_entry_point(entry_point_dir, stub_path, CUARENA="1",
                            CUARENA_STUB_BUILT_FOR="0.1")
-    assert proc.returncode == 1  # asked and impossible: import torch fails, saying why
-    assert "Failed to load the backend extension: cuarena" in proc.stderr
-    assert "cuarena.CuarenaError: cuarena was built for torch 0.1 but" in proc.stderr
+    assert proc.returncode == 2  # asked and impossible: the process ends, saying why in a line
+    assert proc.stderr.startswith("cuarena: cuarena was built for torch 0.1 but"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"CUARENA_CONF": "bogus:1"}, "cuarena: CUARENA_CONF: unknown key 'bogus' at position 0;"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cuarena,stream_cahce_bytes:0"},
+     "cuarena: PYTORCH_CUDA_ALLOC_CONF: unknown key 'stream_cahce_bytes' at position 16 "
+     "(did you mean 'stream_cache_bytes'?);"),
+    ({"PYTORCH_ALLOC_CONF": "backend:cuarena,bogus:1"},
+     "cuarena: PYTORCH_ALLOC_CONF: unknown key 'bogus' at position 16;"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cuarena,small_limit"},
+     "cuarena: PYTORCH_CUDA_ALLOC_CONF: expected key:value at position 16, got 'small_limit'"),
+])
+def test_a_bad_entry_ends_import_torch_in_one_line(entry_point_dir, stub_path, env, expected):
+    if "PYTORCH_ALLOC_CONF" in env and _conf.minor_of(torch.__version__) < 10:
+        pytest.skip(f"torch {torch.__version__} does not read PYTORCH_ALLOC_CONF")
+    proc = run_entry_point(entry_point_dir, stub_path, CUARENA_STUB_BUILT_FOR=torch.__version__,
+                           **env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(expected), proc.stderr
+    assert len(proc.stderr.splitlines()) <= 3 and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_hook_failure_is_reported_with_the_key(stub_path):
@@ -381,9 +401,9 @@ def test_hook_failure_is_reported_with_the_key(stub_path):
         env=clean_env(CUARENA_TORCH_LIB=str(stub_path), CUARENA_STUB_BUILT_FOR=torch.__version__,
                       PYTORCH_CUDA_ALLOC_CONF="backend:cuarena,max_split_size_mb:64,bogus:1"),
         capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1
-    assert ("cuarena.ConfigError: PYTORCH_CUDA_ALLOC_CONF: unknown key 'bogus' at position 37"
-            in proc.stderr)  # "backend:cuarena,max_split_size_mb:64," is 37 characters
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("cuarena: PYTORCH_CUDA_ALLOC_CONF: unknown key 'bogus' at "
+                                  "position 37"), proc.stderr  # "backend:...:64," is 37 long
 
 
 def test_cli_run_and_info_with_stub(stub_path, tmp_path):
@@ -414,6 +434,16 @@ def test_cli_run_and_info_with_stub(stub_path, tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 1
     assert "cuarena: error: cuarena was built for torch 1.0 but" in proc.stderr
+    for args, expected in [
+        (["--config", "bogus:1", str(script)],
+         "cuarena: error: --config: unknown key 'bogus' at position 0;"),
+        (["-m", "no_such_module_here"],
+         "cuarena: error: no module named 'no_such_module_here'"),
+    ]:
+        proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "cuarena", "run", *args],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.startswith(expected) and proc.stderr.count("\n") == 1, proc.stderr
 
 
 # --- record() and CUARENA_TRACE ------------------------------------------------------------------
@@ -553,8 +583,8 @@ def test_real_library_bad_value_in_pytorch_variable_names_its_position():
     text = "backend:cuarena,pinned_use_cuda_host_register:True,stream_cache_bytes:lots"
     proc = run_real("import torch\nfrom cuarena import _autoload\n_autoload.hook()",
                     PYTORCH_CUDA_ALLOC_CONF=text)
-    assert proc.returncode == 1
-    assert "cuarena.ConfigError: PYTORCH_CUDA_ALLOC_CONF: " in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("cuarena: PYTORCH_CUDA_ALLOC_CONF: "), proc.stderr
     assert f"position {text.index('stream_cache_bytes')}" in proc.stderr
 
 

@@ -16,8 +16,10 @@ process's allocation history to `path` (see :func:`cuarena.record`), with or wit
 
 For anyone who asked for neither, the hook reads a few environment variables and returns:
 it imports nothing (not torch's CUDA parts, not ctypes) and never raises. When cuarena was
-asked for and cannot be enabled (bad configuration, missing library, torch mismatch), it
-raises, and ``import torch`` fails with that error as the cause.
+asked for and cannot be enabled (bad configuration, missing library, torch mismatch), the
+process ends inside ``import torch`` with one line on stderr naming the variable, the key
+and its position (exit status 2): a job that asked for cuarena must not run on another
+allocator. ``python -m cuarena`` sets :data:`raise_errors` to get the exception instead.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import os
 import sys
 
 _done = False
+# True: hook() raises CuarenaError instead of ending the process (python -m cuarena reports it).
+raise_errors = False
 
 
 def hook() -> None:
@@ -46,7 +50,19 @@ def hook() -> None:
     for note in notes:
         print(note, file=sys.stderr)
     if reason is not None:
-        activate()
+        try:
+            activate()
+        except Exception as e:  # noqa: BLE001 - one line, then exit: see the module docstring
+            from ._errors import CuarenaError
+
+            if raise_errors or not isinstance(e, CuarenaError):
+                raise
+            print(f"cuarena: {e} (asked for by {reason})", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Not SystemExit: exit handlers would run torch's parser over the bad value and
+            # abort with a C++ backtrace (torch 2.9).
+            os._exit(2)
     if trace:
         from . import _record
 

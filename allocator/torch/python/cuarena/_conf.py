@@ -14,35 +14,87 @@ of the key in the text it came from, as in cuarena's C++ parser.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Iterable, Mapping
 
 from ._errors import ConfigError
 
-# The variables PyTorch reads its allocator settings from, in the order it tries them. Checked
-# on torch 2.11.0 (c10/cuda/CUDAAllocatorConfig.h and AcceleratorAllocatorConfig, both): the
-# first one *present in the environment* is used, even when empty; the other is ignored.
-TORCH_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+# The torch minors (2.x) cuarena supports, as in the top-level CMakeLists.txt.
+OLDEST_MINOR = 8
+NEWEST_MINOR = 15
 
-# Keys PyTorch 2.11's parsers accept (AcceleratorAllocatorConfig::getKeys() and
-# CUDAAllocatorConfig::getKeys() in the wheel's c10 headers); any other key is an error there.
-TORCH_KEYS = (
-    "backend",
-    "expandable_segments",
-    "garbage_collection_threshold",
-    "graph_capture_record_stream_reuse",
-    "large_segment_size_mb",
-    "max_non_split_rounding_mb",
-    "max_split_size_mb",
-    "per_process_memory_fraction",
-    "pinned_num_register_threads",
-    "pinned_reserve_segment_size_mb",
-    "pinned_use_background_threads",
-    "pinned_use_cuda_host_register",
-    "pinned_use_hip_host_register",
-    "release_lock_on_cudamalloc",
-    "release_lock_on_hipmalloc",
-    "roundup_power2_divisions",
-)
+# The variables PyTorch's CUDA allocator reads its settings from, in the order it tries them,
+# by torch minor. Checked with each minor's own parser (tests/python/test_torch_conf.py checks
+# the installed torch): from 2.10 the first one *present in the environment* is used, even when
+# empty, and the other is ignored; 2.8 and 2.9 read PYTORCH_CUDA_ALLOC_CONF only (2.9's generic
+# parser reads PYTORCH_ALLOC_CONF but nothing in it reaches the CUDA allocator).
+def torch_vars(minor: int | None = None) -> tuple[str, ...]:
+    """The variables torch 2.`minor` (default: the installed one) reads, in its order."""
+    minor = installed_minor() if minor is None else minor
+    if minor >= 10:
+        return ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    return ("PYTORCH_CUDA_ALLOC_CONF",)
+
+
+# Every variable any supported minor reads (for notes about the ones a minor ignores).
+ALL_TORCH_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+# PyTorch's allocator keys and the first minor whose parser accepts each (any other key is an
+# error there). Probed with each minor's wheel through torch._C's allocator-settings call; the
+# installed torch is checked by tests/python/test_torch_conf.py.
+TORCH_KEYS_SINCE = {
+    "backend": 8,
+    "expandable_segments": 8,
+    "garbage_collection_threshold": 8,
+    "max_non_split_rounding_mb": 8,
+    "max_split_size_mb": 8,
+    "pinned_num_register_threads": 8,
+    "pinned_use_background_threads": 8,
+    "pinned_use_cuda_host_register": 8,
+    "pinned_use_hip_host_register": 8,
+    "release_lock_on_cudamalloc": 8,
+    "release_lock_on_hipmalloc": 8,
+    "roundup_power2_divisions": 8,
+    "graph_capture_record_stream_reuse": 9,
+    "per_process_memory_fraction": 10,
+    "pinned_reserve_segment_size_mb": 10,
+    "large_segment_size_mb": 11,
+    "pinned_free_catch_all": 12,
+    "throw_on_cudamalloc_oom": 12,
+    "pinned_max_cached_size_mb": 13,
+    "pinned_max_round_threshold_mb": 13,
+    "expandable_segments_reserve": 15,
+    "expandable_segments_reserve_by_class": 15,
+}
+
+
+def torch_keys(minor: int | None = None) -> tuple[str, ...]:
+    """The keys torch 2.`minor`'s parser accepts (default: the installed torch's), sorted."""
+    minor = installed_minor() if minor is None else minor
+    return tuple(sorted(k for k, since in TORCH_KEYS_SINCE.items() if since <= minor))
+
+
+def installed_minor() -> int:
+    """The minor version of the torch in this process (or installed, if not imported yet),
+    without importing torch; NEWEST_MINOR when neither can be told."""
+    import sys
+
+    version = getattr(sys.modules.get("torch"), "__version__", None)
+    if not isinstance(version, str):
+        try:
+            from importlib import metadata
+
+            version = metadata.version("torch")
+        except Exception:  # noqa: BLE001 - no torch distribution: the newest rules
+            return NEWEST_MINOR
+    return minor_of(version) or NEWEST_MINOR
+
+
+def minor_of(version: str) -> int | None:
+    """x of a "2.x..." version string, or None."""
+    m = re.match(r"\s*2\.(\d+)", version)
+    return int(m.group(1)) if m else None
+
 
 _GRANULES = ("cuarena releases cached memory before any out-of-memory error and maps memory "
              "in 2 MiB granules, so it has no")
@@ -52,6 +104,9 @@ _REPLACED = "it tunes PyTorch's native CUDA allocator, which cuarena replaces"
 # of PyTorch's variable with one note each (PyTorch would accept and then silently ignore them).
 NO_EFFECT = {
     "max_split_size_mb": f"{_GRANULES} split limit to configure",
+    "expandable_segments_reserve": "cuarena reserves its own address space (its key va_reserve)",
+    "expandable_segments_reserve_by_class": "cuarena reserves its own address space (its key "
+                                            "va_reserve)",
     "roundup_power2_divisions": f"{_GRANULES} rounding policy to configure",
     "max_non_split_rounding_mb": f"{_GRANULES} rounding policy to configure",
     "expandable_segments": f"{_GRANULES} segment expansion to configure",
@@ -62,9 +117,11 @@ NO_EFFECT = {
     "graph_capture_record_stream_reuse": _REPLACED,
 }
 
-# The remaining PyTorch keys (pinned host memory, which PyTorch's host allocator still serves)
-# stay in PyTorch's variable. `per_process_memory_fraction` is also a cuarena key and goes to
-# cuarena: whatever is in cuarena's key list is cuarena's.
+# The remaining PyTorch keys stay in PyTorch's variable: pinned host memory (PyTorch's host
+# allocator still serves it) and throw_on_cudamalloc_oom, which cuarena reads from PyTorch's
+# parsed settings (a request beyond free device memory plus cuarena's cache is refused before
+# any reclaim). `per_process_memory_fraction` is also a cuarena key and goes to cuarena:
+# whatever is in cuarena's key list is cuarena's.
 
 BACKEND_NATIVE = ("native", "cudaMallocAsync")
 _ON = ("1", "true", "yes", "on")
@@ -129,12 +186,16 @@ def to_string(config: Mapping[str, str]) -> str:
     return ",".join(f"{key}:{value}" for key, value in config.items())
 
 
-def torch_var(environ: Mapping[str, str]) -> str | None:
-    """The variable PyTorch will read its allocator settings from, or None when neither is set."""
-    for name in TORCH_VARS:
+def torch_var(environ: Mapping[str, str], minor: int | None = None) -> str | None:
+    """The variable torch 2.`minor` (default: the installed one) will read its allocator
+    settings from, or None when it reads none of those set."""
+    for name in torch_vars(minor):
         if name in environ:
             return name
     return None
+
+
+_BACKEND_CUARENA = re.compile(r"(?:^|,)\s*backend\s*:\s*cuarena\s*(?:,|$)")
 
 
 def _backend(text: str, source: str) -> Item | None:
@@ -146,14 +207,17 @@ def _backend(text: str, source: str) -> Item | None:
     return found
 
 
-def requested(environ: Mapping[str, str]) -> tuple[str | None, list[str]]:
+def requested(environ: Mapping[str, str],
+              minor: int | None = None) -> tuple[str | None, list[str]]:
     """Whether the environment asks for cuarena, cheaply and without raising.
 
     Returns ``(reason, notes)``: `reason` names what asked (``"CUARENA=1"``, ``"CUARENA_CONF"``
     or ``"PYTORCH_CUDA_ALLOC_CONF=...backend:cuarena"``) or is None; `notes` are lines for
-    stderr (a ``backend:cuarena`` in the variable PyTorch ignores). ``CUARENA=0`` (or false,
-    no, off) turns cuarena off whatever else is set. A value of ``CUARENA`` that is neither on
-    nor off counts as a request, so that :func:`plan` reports it.
+    stderr (a ``backend:cuarena`` in a variable torch 2.`minor` ignores). ``CUARENA=0`` (or
+    false, no, off) turns cuarena off whatever else is set. A value of ``CUARENA`` that is
+    neither on nor off, or a malformed PyTorch variable that names ``backend:cuarena``, counts
+    as a request, so that :func:`plan` reports it. Imports nothing unless a PyTorch variable
+    names cuarena (then the installed torch's minor is looked up, when `minor` is None).
     """
     notes: list[str] = []
     flag = environ.get("CUARENA", "").strip().lower()
@@ -163,20 +227,27 @@ def requested(environ: Mapping[str, str]) -> tuple[str | None, list[str]]:
         return f"CUARENA={environ['CUARENA']}", notes
     if environ.get("CUARENA_CONF", "").strip():
         return "CUARENA_CONF", notes
-    var = torch_var(environ)
-    for name in TORCH_VARS:
+    for name in ALL_TORCH_VARS:
         if name not in environ:
             continue
         try:
             backend = _backend(environ[name], name)
+            asks = backend is not None and backend.value == "cuarena"
         except ConfigError:
-            backend = None  # malformed: PyTorch's own parser will say so at CUDA init
-        if backend is None or backend.value != "cuarena":
+            # malformed: a request for cuarena all the same if it says so, for plan() to report
+            asks = _BACKEND_CUARENA.search(environ[name]) is not None
+        if not asks:
             continue
+        minor = installed_minor() if minor is None else minor
+        var = torch_var(environ, minor)
         if name == var:
             return f"{name}=...backend:cuarena", notes
-        notes.append(f"cuarena: {name} asks for backend:cuarena but is ignored: PyTorch reads "
-                     f"{var} when both are set (put backend:cuarena there)")
+        if name in torch_vars(minor):
+            notes.append(f"cuarena: {name} asks for backend:cuarena but is ignored: PyTorch reads "
+                         f"{var} when both are set (put backend:cuarena there)")
+        else:
+            notes.append(f"cuarena: {name} asks for backend:cuarena but torch 2.{minor} does not "
+                         f"read {name} (use PYTORCH_CUDA_ALLOC_CONF)")
     return None, notes
 
 
@@ -193,11 +264,21 @@ class Plan:
     checks: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
-def _unknown(item: Item, source: str, cuarena_keys: Iterable[str]) -> ConfigError:
+def suggestion(key: str, valid: Iterable[str]) -> str:
+    """" (did you mean 'x'?)" for the closest valid key, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unknown(item: Item, source: str, cuarena_keys: Iterable[str], minor: int) -> ConfigError:
+    cuarena_keys = sorted(cuarena_keys)
+    keys = torch_keys(minor)
     return ConfigError(
-        f"{source}: unknown key {item.key!r} at position {item.position}; valid keys are "
-        f"cuarena's ({', '.join(sorted(cuarena_keys))}) and PyTorch's "
-        f"({', '.join(TORCH_KEYS)})")
+        f"{source}: unknown key {item.key!r} at position {item.position}"
+        f"{suggestion(item.key, [*cuarena_keys, *keys])}; valid keys are cuarena's "
+        f"({', '.join(cuarena_keys)}) and torch 2.{minor}'s ({', '.join(keys)})")
 
 
 def _masked(text: str, items: list[Item]) -> str:
@@ -213,7 +294,8 @@ def _masked(text: str, items: list[Item]) -> str:
     return "".join(out)
 
 
-def plan(environ: Mapping[str, str], cuarena_keys: Iterable[str]) -> Plan:
+def plan(environ: Mapping[str, str], cuarena_keys: Iterable[str],
+         minor: int | None = None) -> Plan:
     """Works out how to honour a request for cuarena (:func:`requested` said yes).
 
     - ``CUARENA`` must be on or off (1/0, true/false, yes/no, on/off).
@@ -231,8 +313,11 @@ def plan(environ: Mapping[str, str], cuarena_keys: Iterable[str]) -> Plan:
       PyTorch does not fall back to it), and so that child processes ask for the same
       cuarena: ``CUARENA=1`` and ``CUARENA_CONF=<merged config>``.
 
+    PyTorch's variables and keys are those of torch 2.`minor` (default: the installed torch).
     Raises :class:`ConfigError` naming the variable, the key and its position.
     """
+    minor = installed_minor() if minor is None else minor
+    known_torch = torch_keys(minor)
     cuarena_keys = list(cuarena_keys)
     known = set(cuarena_keys)
     out = Plan(active=True)
@@ -245,7 +330,7 @@ def plan(environ: Mapping[str, str], cuarena_keys: Iterable[str]) -> Plan:
 
     merged: dict[str, str] = {}
     origin: dict[str, str] = {}
-    var = torch_var(environ)
+    var = torch_var(environ, minor)
     if var is not None:
         text = environ[var]
         backend = _backend(text, var)
@@ -268,10 +353,10 @@ def plan(environ: Mapping[str, str], cuarena_keys: Iterable[str]) -> Plan:
                 mine.append(item)
             elif item.key in NO_EFFECT:
                 out.notes.append(f"cuarena: {item.key} has no effect: {NO_EFFECT[item.key]}")
-            elif item.key in TORCH_KEYS:
+            elif item.key in known_torch:
                 keep.append(item)
             else:
-                raise _unknown(item, var, cuarena_keys)
+                raise _unknown(item, var, cuarena_keys, minor)
         for item in mine:
             merged[item.key] = item.value
             origin[item.key] = var
@@ -279,9 +364,9 @@ def plan(environ: Mapping[str, str], cuarena_keys: Iterable[str]) -> Plan:
             out.checks.append((var, _masked(text, mine)))
         kept = ",".join(item.text for item in keep)
         if kept != text:
-            other = [name for name in TORCH_VARS if name != var and name in environ]
+            other = [name for name in torch_vars(minor) if name != var and name in environ]
             out.env[var] = kept if kept or other else None
-        for name in TORCH_VARS:
+        for name in torch_vars(minor):
             if name != var and name in environ and environ[name] != text:
                 out.notes.append(f"cuarena: {name} is ignored: PyTorch reads {var} when both "
                                  f"are set")
@@ -292,7 +377,8 @@ def plan(environ: Mapping[str, str], cuarena_keys: Iterable[str]) -> Plan:
         for item in items:
             if item.key not in known:
                 raise ConfigError(f"CUARENA_CONF: unknown key {item.key!r} at position "
-                                  f"{item.position}; valid keys: {', '.join(sorted(known))}")
+                                  f"{item.position}{suggestion(item.key, known)}; valid keys: "
+                                  f"{', '.join(sorted(known))}")
             if item.key in origin and merged[item.key] != item.value:
                 out.notes.append(f"cuarena: {item.key}: CUARENA_CONF's {item.value} overrides "
                                  f"{origin[item.key]}'s {merged[item.key]}")
