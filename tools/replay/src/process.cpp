@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -59,6 +60,14 @@ std::string executable_dir() {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   return ec ? std::string(".") : exe.parent_path().string();
+}
+
+std::string script_path(const char* env_var, const char* name, const char* source_path) {
+  if (const char* p = std::getenv(env_var)) return p;
+  std::error_code ec;
+  const auto installed = std::filesystem::path(executable_dir()) / ".." / "share" / name;
+  if (std::filesystem::is_regular_file(installed, ec)) return installed.lexically_normal().string();
+  return source_path;
 }
 
 }  // namespace cuarena::replay

@@ -15,4 +15,9 @@ int run_process(const std::vector<std::string>& argv, const std::vector<std::str
 /// The directory holding the running executable.
 std::string executable_dir();
 
+/// A Python script the tools run: $`env_var` when set, else `name` in ../share beside the
+/// executable where it exists (an installed copy: the Python package's cuarena/bin/cuarena runs
+/// cuarena/share/`name`), else `source_path` (the source tree's, for a build-tree binary).
+std::string script_path(const char* env_var, const char* name, const char* source_path);
+
 }  // namespace cuarena::replay

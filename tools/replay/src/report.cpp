@@ -292,8 +292,7 @@ std::vector<Result> read_json(const std::string& path) {
 namespace {
 
 std::string report_script() {
-  if (const char* p = std::getenv("CUARENA_REPORT_SCRIPT")) return p;
-  return CUARENA_REPORT_SCRIPT;
+  return script_path("CUARENA_REPORT_SCRIPT", "report.py", CUARENA_REPORT_SCRIPT);
 }
 
 // Runs the report script with `args`; "" when it succeeded, else its message: the last line

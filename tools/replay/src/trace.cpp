@@ -73,8 +73,7 @@ bool is_cuat(const std::string& path) {
 }
 
 std::string converter_script() {
-  if (const char* p = std::getenv("CUARENA_TRACE_SCRIPT")) return p;
-  return CUARENA_TRACE_SCRIPT;
+  return script_path("CUARENA_TRACE_SCRIPT", "cuarena_trace.py", CUARENA_TRACE_SCRIPT);
 }
 
 // Runs the converter, returning its exit status and stderr text.

@@ -10,6 +10,7 @@ USAGE = """\
 usage: python -m cuarena run [--config CONFIG] [--trace PATH] script.py [args...]
        python -m cuarena run [--config CONFIG] [--trace PATH] -m module [args...]
        python -m cuarena info
+       python -m cuarena replay TRACE... [options]   (also: convert, config, steady-state)
        python -m cuarena --help
 
 cuarena is a CUDA device-memory caching allocator that replaces PyTorch's.
@@ -23,7 +24,17 @@ run    Runs a Python script (or, with -m, a module) as __main__ with cuarena as 
        'cuarena replay PATH'; {pid} and {rank} in PATH are expanded).
 info   Prints the package and library paths, the torch the library was built for, the
        installed torch, whether cuarena is enabled in this process (as the environment
-       asks), cuarena's configuration keys and the environment variables that concern it.
+       asks), cuarena's configuration keys and the environment variables that concern it,
+       and whether the replayer is installed.
+replay, convert, config
+       Run the replayer (the 'cuarena' executable that pip install builds into the package
+       when CLI11, nlohmann-json and zlib's headers are found) with the arguments unchanged:
+       'replay' says from a memory snapshot (CUARENA_TRACE's) how much memory the job needs
+       under cuarena and PyTorch's allocators, 'convert' keeps a trace as .cuat, 'config'
+       lists cuarena's keys. 'python -m cuarena replay --help' shows its options.
+steady-state
+       Runs cuarena_steady_state: the driver calls and reserved memory per pass of a training
+       loop built from a trace, on the simulator (--help shows its options).
 
 Environment (read by the torch.backends entry point inside 'import torch' when cuarena is
 pip-installed, or by 'run'):
@@ -36,6 +47,8 @@ pip-installed, or by 'run'):
                              (PYTORCH_ALLOC_CONF likewise when PYTORCH_CUDA_ALLOC_CONF is unset)
   CUARENA_TRACE=PATH         record the process's allocation history to PATH
   CUARENA_TORCH_LIB=PATH     load libcuarena_torch.so from PATH instead of the package
+  CUARENA_REPLAY_BIN=PATH    run the replayer at PATH instead of the package's
+                             (CUARENA_STEADY_STATE_BIN likewise for steady-state)
 
 In Python: cuarena.enable(config) before the first CUDA call; cuarena.record(path) as a
 context manager around the part to record.
@@ -109,12 +122,16 @@ def run(argv: list[str]) -> int:
 
 
 def info() -> int:
-    from . import __version__, _api, _lib
+    from . import __version__, _api, _lib, _tools
     from ._errors import CuarenaError
 
     print(f"cuarena {__version__} at {os.path.dirname(os.path.abspath(__file__))}")
     path = _lib.library_path()
     print(f"library: {path}{'' if path.is_file() else ' (missing)'}")
+    replayer = _tools.replayer()
+    print(f"replayer: {replayer}" if replayer else
+          f"replayer: not installed ({_tools.executable('cuarena', 'CUARENA_REPLAY_BIN')} is "
+          "missing; see python -m cuarena replay)")
     status = 0
     try:
         _enable_from_environment()
@@ -141,7 +158,8 @@ def info() -> int:
     print(f"enabled: {'yes' if enabled else 'no'}"
           + (f" (config {config!r})" if enabled and config else ""))
     for name in ("CUARENA", "CUARENA_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
-                 "CUARENA_TRACE", "CUARENA_TORCH_LIB", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
+                 "CUARENA_TRACE", "CUARENA_TORCH_LIB", "CUARENA_REPLAY_BIN",
+                 "CUARENA_STEADY_STATE_BIN", "CUARENA_PYTHON", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
         if name in os.environ:
             print(f"{name}={os.environ[name]}")
     return status
@@ -158,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         if len(argv) > 1:
             return _fail(f"info takes no arguments, got {' '.join(argv[1:])}", 2)
         return info()
+    from . import _tools
+
+    if argv[0] in _tools.COMMANDS:
+        return _tools.run(argv[0], argv[1:])
     return _fail(f"unknown command {argv[0]!r}; see python -m cuarena --help", 2)
 
 
