@@ -2,8 +2,10 @@
 # The whole CPU test suite: installs dependencies, builds, runs every test (GoogleTest via CTest
 # and pytest), then builds the policy core, the replayer and the tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer and runs them there too, and the core's thread
-# tests under ThreadSanitizer. Fails, naming them, when tracked C++/CUDA files are not formatted
-# as .clang-format says.
+# tests under ThreadSanitizer; then installs the PyTorch drop-in into fresh virtual environments
+# with the oldest and the newest supported torch and runs the package's CPU tests there
+# (tools/torch-matrix.sh 2.8 2.15; about 11 GB of disk, CUARENA_NO_TORCH=1 skips it). Fails,
+# naming them, when tracked C++/CUDA files are not formatted as .clang-format says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +42,14 @@ cmake --preset tsan
 cmake --build --preset tsan
 ctest --preset tsan | tee -a "$log"
 
+# The drop-in as users install it, against the oldest and the newest supported torch (the main
+# build above used the installed torch, 2.11): a fresh virtual environment each, pip install,
+# and the package's CPU tests there. tools/torch-matrix.sh with no arguments checks every minor.
+matrix=0
+if [ "${CUARENA_NO_TORCH:-0}" != 1 ]; then
+  tools/torch-matrix.sh 2.8 2.15 || matrix=1
+fi
+
 # Why the GPU tests skip (when they do): the reason they give.
 if [ -x build/bin/gpu_tests ]; then
   reason=$(build/bin/gpu_tests --gtest_filter='CudaVmmBackend.*' 2>&1 | grep -m1 -o 'no CUDA device.*' || true)
@@ -55,7 +65,11 @@ awk '/tests passed, [0-9]+ tests failed out of/ {failed += $4; total += $NF}
      /\(Disabled\)$/ {disabled++}
      END {printf "%d passed, %d failed, %d skipped, %d disabled\n", total - failed - skipped, failed,
           skipped, disabled}' "$log"
+if ((matrix)); then
+  echo "torch-matrix: the drop-in failed against torch 2.8 or 2.15 (its table is above)"
+fi
 if ((${#unformatted[@]})); then
   report_format
   exit 1
 fi
+exit $((matrix))

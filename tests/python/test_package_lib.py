@@ -604,3 +604,18 @@ def test_real_library_import_torch_alone_enables_cuarena(entry_point_dir):
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result == {"enabled": True, "backend": "cuarena", "cuda_initialized": False,
                       "env": "pinned_use_cuda_host_register:True"}
+
+
+@needs_real
+def test_real_library_cuarena_1_is_harmless_without_a_gpu(entry_point_dir):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: this checks the machines without one")
+    code = ("import torch, cuarena\nx = torch.arange(6.0).reshape(2, 3)\n"
+            "print(float(x.sum()), cuarena.is_enabled(), torch.cuda.is_available())")
+    env = clean_env(CUARENA_TORCH_LIB=REAL, TORCH_DEVICE_BACKEND_AUTOLOAD="1", CUARENA="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(entry_point_dir), env["PYTHONPATH"]])
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["15.0", "True", "False"], proc.stdout + proc.stderr
+    assert "cuarena" not in proc.stderr, proc.stderr

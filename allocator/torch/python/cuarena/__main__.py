@@ -74,15 +74,25 @@ def _enable_from_environment() -> None:
     _autoload.hook()  # a no-op when the entry point already ran it
 
 
-def run(argv: list[str]) -> int:
-    from . import _conf
-    from ._errors import CuarenaError
+def _config_source(message: str, given: bool) -> str:
+    """An error about CUARENA_CONF, worded for --config when --config set it."""
+    if given and message.startswith("CUARENA_CONF: "):
+        return "--config: " + message[len("CUARENA_CONF: "):]
+    return message
 
+
+def run(argv: list[str]) -> int:
+    from . import _autoload, _conf
+    from ._errors import ConfigError, CuarenaError
+
+    _autoload.raise_errors = True  # report here, naming --config where it set the value
     args = list(argv)
+    config_given = False
     while args and args[0] in ("--config", "--trace"):
         if len(args) < 2:
             return _fail(f"{args[0]} needs a value", 2)
         os.environ["CUARENA_CONF" if args[0] == "--config" else "CUARENA_TRACE"] = args[1]
+        config_given = config_given or args[0] == "--config"
         del args[:2]
     if not args or args[0] in ("-h", "--help"):
         print(USAGE, file=sys.stdout if args else sys.stderr)
@@ -92,6 +102,16 @@ def run(argv: list[str]) -> int:
         if len(args) < 2:
             return _fail("-m needs a module name", 2)
         module, args = args[1], args[2:]
+        sys.path.insert(0, os.getcwd())
+        try:
+            import importlib.util
+
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return _fail(f"no module named {module!r} (run -m looks in the current directory "
+                         f"and on sys.path)", 2)
     else:
         script, args = args[0], args[1:]
         if not os.path.isfile(script):
@@ -101,6 +121,8 @@ def run(argv: list[str]) -> int:
         os.environ["CUARENA"] = "1"
     try:
         _enable_from_environment()
+    except ConfigError as e:
+        return _fail(_config_source(str(e), config_given), 2)
     except CuarenaError as e:
         return _fail(str(e))
     from . import _api
@@ -112,7 +134,6 @@ def run(argv: list[str]) -> int:
 
     if module is not None:
         sys.argv = [module, *args]
-        sys.path.insert(0, os.getcwd())
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
         sys.argv = [script, *args]
@@ -122,9 +143,10 @@ def run(argv: list[str]) -> int:
 
 
 def info() -> int:
-    from . import __version__, _api, _lib, _tools
+    from . import __version__, _api, _autoload, _lib, _tools
     from ._errors import CuarenaError
 
+    _autoload.raise_errors = True
     print(f"cuarena {__version__} at {os.path.dirname(os.path.abspath(__file__))}")
     path = _lib.library_path()
     print(f"library: {path}{'' if path.is_file() else ' (missing)'}")
