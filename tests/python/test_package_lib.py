@@ -145,6 +145,20 @@ def test_refuses_a_library_built_for_another_torch_minor(stub, monkeypatch):
     assert _lib.load().built_for() == f"{major}.{minor}.9"
 
 
+def test_a_library_for_another_minor_is_refused_before_loading(monkeypatch, tmp_path):
+    # An installed library names its torch in a side file; one that would not even load (its
+    # symbols are another torch's) is refused in one line without a dlopen.
+    lib = tmp_path / "libcuarena_torch.so"
+    lib.write_bytes(b"not an ELF file: loading it would fail")
+    (tmp_path / "libcuarena_torch.so.torch").write_text("2.3.1+cu121\n")
+    monkeypatch.setenv("CUARENA_TORCH_LIB", str(lib))
+    _lib._reset_for_tests()
+    with pytest.raises(cuarena.CuarenaError) as e:
+        _lib.load()
+    assert str(e.value) == (f"cuarena was built for torch 2.3 but torch {torch.__version__} is "
+                            f"installed; reinstall cuarena (pip install .) against this torch")
+
+
 def test_missing_library_says_how_to_get_one(monkeypatch, tmp_path):
     monkeypatch.setenv("CUARENA_TORCH_LIB", str(tmp_path / "nothing.so"))
     _lib._reset_for_tests()

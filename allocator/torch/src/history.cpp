@@ -51,19 +51,18 @@ void History::push(c10::DeviceIndex device, const CDA::TraceEntry& te) {
   }
 }
 
+std::pair<CDA::CreateContextFn, CDA::RecordContext> History::stack_settings() const {
+  std::lock_guard lock(mu_);
+  return {recorder_, when_};
+}
+
 bool History::skipped(Action action) const { return skip_.count(int(action)) != 0; }
 
 void History::record(Action action, c10::DeviceIndex device, std::size_t addr, std::size_t size,
                      void* stream, c10::MempoolId_t pool) {
   if (!wanted()) return;
   // Gather the Python/C++ stack outside the lock: it may take the GIL.
-  CDA::CreateContextFn recorder;
-  CDA::RecordContext when;
-  {
-    std::lock_guard lock(mu_);
-    recorder = recorder_;
-    when = when_;
-  }
+  const auto [recorder, when] = stack_settings();
   std::shared_ptr<c10::GatheredContext> ctx;
   const bool stack = recorder != nullptr &&
                      ((action == Action::ALLOC && when >= CDA::RecordContext::STATE) ||
@@ -123,13 +122,7 @@ void History::annotate(const std::vector<std::pair<std::string, std::string>>& m
 void History::annotate_allocation(c10::DeviceIndex device, std::size_t addr, std::size_t size,
                                   void* stream, const std::string& metadata) {
   if (!kTraceAnnotate || !enabled() || device < 0) return;
-  CDA::CreateContextFn recorder;
-  CDA::RecordContext when;
-  {
-    std::lock_guard lock(mu_);
-    recorder = recorder_;
-    when = when_;
-  }
+  const auto [recorder, when] = stack_settings();
   // The annotation site's stack, kept as an allocation's would be.
   std::shared_ptr<c10::GatheredContext> ctx;
   if (recorder != nullptr && when >= CDA::RecordContext::ALLOC) ctx = recorder();

@@ -67,6 +67,8 @@ class History {
     std::size_t next = 0;  // where the next entry goes once the ring is full
   };
   bool skipped(Action action) const;
+  /// The stack recorder and when it applies, read under the lock (called without it).
+  std::pair<CDA::CreateContextFn, CDA::RecordContext> stack_settings() const;
   void push(c10::DeviceIndex device, const CDA::TraceEntry& te);  // into its ring; under mu_
 
   std::atomic<bool> enabled_{false};

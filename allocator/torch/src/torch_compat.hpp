@@ -91,27 +91,12 @@ inline CDA::TraceEntry make_trace_entry(CDA::TraceEntry::Action action, c10::Dev
                                         c10::MempoolId_t pool, c10::approx_time_t time,
                                         std::shared_ptr<c10::GatheredContext> context,
                                         [[maybe_unused]] const std::string& user_metadata) {
+  CDA::TraceEntry entry(action, device, addr, size, static_cast<cudaStream_t>(stream), pool, time,
+                        std::move(context));
 #if CUARENA_TORCH_MINOR >= 10
-  return {action,
-          device,
-          addr,
-          size,
-          static_cast<cudaStream_t>(stream),
-          pool,
-          time,
-          std::move(context),
-          "",
-          user_metadata};
-#else
-  return {action,
-          device,
-          addr,
-          size,
-          static_cast<cudaStream_t>(stream),
-          pool,
-          time,
-          std::move(context)};
+  entry.user_metadata_ = user_metadata;
 #endif
+  return entry;
 }
 
 /// The ANNOTATE action (2.14 and later); only called where kTraceAnnotate.

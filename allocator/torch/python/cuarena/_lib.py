@@ -174,6 +174,7 @@ def load() -> Library:
                 f"cuarena's library is missing: {path}{named} does not exist; install cuarena with "
                 f"'pip install .' from its repository (it builds the library against the "
                 f"installed torch), or set {LIB_ENV} to a built {LIB_NAME}")
+        _check_built_for(path, torch.__version__)
         try:
             dll = ctypes.CDLL(str(path))
         except OSError as e:
@@ -184,13 +185,27 @@ def load() -> Library:
         built = lib.built_for()
         have = torch.__version__
         if minor_version(built) is None or minor_version(built) != minor_version(have):
-            b = minor_version(built)
-            shown = f"{b[0]}.{b[1]}" if b else repr(built)
-            raise CuarenaError(
-                f"cuarena was built for torch {shown} but torch {have} is installed; reinstall "
-                f"cuarena (pip install .) against this torch")
+            raise _mismatch(built, have)
         _loaded = lib
         return lib
+
+
+def _mismatch(built: str, have: str) -> CuarenaError:
+    b = minor_version(built)
+    shown = f"{b[0]}.{b[1]}" if b else repr(built)
+    return CuarenaError(f"cuarena was built for torch {shown} but torch {have} is installed; "
+                        f"reinstall cuarena (pip install .) against this torch")
+
+
+def _check_built_for(path: Path, have: str) -> None:
+    """Refuses a library whose side file (written by the build) names another torch minor,
+    before loading it: such a library may fail to load with a linker message instead."""
+    try:
+        built = (path.parent / (path.name + ".torch")).read_text().strip()
+    except OSError:
+        return  # no side file (a build tree, or CUARENA_TORCH_LIB): the library says itself
+    if minor_version(built) != minor_version(have):
+        raise _mismatch(built, have)
 
 
 def _reset_for_tests() -> None:
