@@ -536,7 +536,9 @@ def test_many_streams_replay_in_linear_time(tmp_path):
                                           record(action=2, stream=s, addr=16 * s))])
     start = time.monotonic()
     [row] = replay_json(tmp_path, path, "--allocator", "torch-native-sim")
-    assert time.monotonic() - start < 5
+    # A bound for the quadratic pass only (27 s uninstrumented, far more under ASan), not a speed
+    # figure: a loaded CI machine under ASan took 6.4 s for the linear one.
+    assert time.monotonic() - start < 25
     assert row["allocs"] == n and row["ooms"] == 0
 
 
