@@ -508,3 +508,9 @@ def test_cli_usage_errors(args, message):
     proc = cli(*args)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_a_shim_key_is_named_as_the_shims():
+    with pytest.raises(ConfigError, match=r"unknown key 'memory_limit' at position 0 \(a key of "
+                                          r"the LD_PRELOAD shim's, not of the PyTorch drop-in's\)"):
+        _conf.plan({"CUARENA_CONF": "memory_limit:40GiB"}, CUARENA_KEYS, NEWEST)

@@ -114,7 +114,7 @@ def run(argv: list[str]) -> int:
                          f"and on sys.path)", 2)
     else:
         script, args = args[0], args[1:]
-        if not os.path.isfile(script):
+        if not os.path.exists(script) or os.path.isdir(script):
             return _fail(f"no such script: {script}", 2)
 
     if _conf.requested(os.environ)[0] is None:

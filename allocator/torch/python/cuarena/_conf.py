@@ -124,6 +124,8 @@ NO_EFFECT = {
 # whatever is in cuarena's key list is cuarena's.
 
 BACKEND_NATIVE = ("native", "cudaMallocAsync")
+# The LD_PRELOAD shim's own CUARENA_CONF keys (shim/README.md): named as such when given here.
+SHIM_KEYS = ("memory_limit", "pending_free_bytes")
 _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
 
@@ -376,8 +378,11 @@ def plan(environ: Mapping[str, str], cuarena_keys: Iterable[str],
         items = split(conf, "CUARENA_CONF")
         for item in items:
             if item.key not in known:
+                hint = suggestion(item.key, known) or (
+                    " (a key of the LD_PRELOAD shim's, not of the PyTorch drop-in's)"
+                    if item.key in SHIM_KEYS else "")
                 raise ConfigError(f"CUARENA_CONF: unknown key {item.key!r} at position "
-                                  f"{item.position}{suggestion(item.key, known)}; valid keys: "
+                                  f"{item.position}{hint}; valid keys: "
                                   f"{', '.join(sorted(known))}")
             if item.key in origin and merged[item.key] != item.value:
                 out.notes.append(f"cuarena: {item.key}: CUARENA_CONF's {item.value} overrides "
