@@ -5,7 +5,8 @@
 // device is current), PyTorch's statistics, snapshots and history, private pools for CUDA graphs,
 // torch.cuda.MemPool and torch.compile's CUDA-graph trees (cuarena::PrivatePool over the device's
 // allocator), and PyTorch's out-of-memory error. The behaviour matched is that of PyTorch's
-// CUDACachingAllocator.cpp (torch 2.11); see allocator/torch/README.md for what differs.
+// CUDACachingAllocator.cpp, torch 2.8 to 2.15 (src/torch_compat.hpp holds what differs between
+// them); see allocator/torch/README.md for what differs from PyTorch.
 //
 // Streams: an allocation is stream-ordered on the current CUDA stream of its device; recordStream
 // marks extra streams, as in PyTorch. While a private-pool context is open on a device (CUDA graph
