@@ -39,6 +39,12 @@ bool capturing(cudaStream_t stream) {
 }
 
 std::string bytes_text(std::size_t bytes) { return format_bytes(bytes); }
+
+/// Cached memory a request can be backed by: cached free blocks (moved by remapping) and idle
+/// physical granules. Pending frees and parked blocks count as in use until they return.
+std::size_t reusable(const cuarena::Allocator::MemoryBreakdown& b) {
+  return b.owned_cached + b.shared_cached + b.idle;
+}
 }  // namespace
 
 TorchAllocator::TorchAllocator(Config config) : config_(config), allocators_(config) {
@@ -139,7 +145,7 @@ void* TorchAllocator::malloc(c10::DeviceIndex dev, std::size_t bytes, cudaStream
 
 void* TorchAllocator::main_allocate(Device& d, std::size_t bytes, cudaStream_t stream,
                                     c10::MempoolId_t& pool) {
-  if (d.reject_unbackable && bytes > memory_available(d.index)) reject(d, bytes);
+  if (d.reject_unbackable && !can_back(d, bytes)) reject(d, bytes);
   try {
     return d.main->allocate(bytes, as_id(stream));
   } catch (const OutOfMemoryError& e) {
@@ -201,6 +207,12 @@ void TorchAllocator::flush_deferred(Device& d) {
     history_.record(History::Action::FREE_COMPLETED, d.index, reinterpret_cast<std::size_t>(p), 0,
                     nullptr, {0, 0});
   }
+}
+
+bool TorchAllocator::can_back(Device& d, std::size_t bytes) {
+  // The cache alone is within every bound memory_available() takes: no driver call then.
+  if (bytes <= reusable(d.main->memory_breakdown())) return true;
+  return bytes <= memory_available(d.index);
 }
 
 [[noreturn]] void TorchAllocator::reject(Device& d, std::size_t bytes) {
@@ -295,20 +307,25 @@ void TorchAllocator::cacheInfo(c10::DeviceIndex dev, size_t* largestBlock) {
   *largestBlock = std::max<std::size_t>(*largestBlock, available);
 }
 
+TorchAllocator::LiveAllocation TorchAllocator::live_allocation(const void* ptr,
+                                                               const char* caller) {
+  void* p = const_cast<void*>(ptr);
+  const int dev = allocators_.device_of(p);
+  TORCH_CHECK(dev >= 0, "cuarena: ", caller, "(", ptr, "): not cuarena memory");
+  Device& d = device(c10::DeviceIndex(dev));
+  const std::size_t pooled = d.pools->any_pool() ? d.pools->block_size(p) : 0;
+  if (pooled != 0) return {&d, pooled, pooled, nullptr};
+  const auto info = d.main->find(p);
+  TORCH_CHECK(info.has_value(), "cuarena: ", caller, "(", ptr,
+              "): not the start of a live allocation");
+  return {&d, info->size, info->requested, as_stream(info->stream)};
+}
+
 void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
   // Every cuarena allocation is its own base: blocks are never carved out of a larger segment
   // that something else could address.
-  const int dev = allocators_.device_of(ptr);
-  TORCH_CHECK(dev >= 0, "cuarena: getBaseAllocation(", ptr, "): not cuarena memory");
-  Device& d = device(c10::DeviceIndex(dev));
-  std::size_t bytes = d.pools->any_pool() ? d.pools->block_size(ptr) : 0;
-  if (bytes == 0) {
-    const auto info = d.main->find(ptr);
-    TORCH_CHECK(info.has_value(), "cuarena: getBaseAllocation(", ptr,
-                "): not the start of a live allocation");
-    bytes = info->size;
-  }
-  if (size != nullptr) *size = bytes;
+  const LiveAllocation a = live_allocation(ptr, "getBaseAllocation");
+  if (size != nullptr) *size = a.size;
   return ptr;
 }
 
@@ -401,20 +418,9 @@ std::string TorchAllocator::user_metadata() { return History::thread_metadata();
 
 void TorchAllocator::annotate_memory(const void* ptr, const std::string& metadata) {
   if (!history_.enabled() || ptr == nullptr) return;
-  void* p = const_cast<void*>(ptr);
-  const int dev = allocators_.device_of(p);
-  TORCH_CHECK(dev >= 0, "cuarena: annotating ", ptr, ", which cuarena did not allocate");
-  Device& d = device(c10::DeviceIndex(dev));
-  std::size_t size = d.pools->any_pool() ? d.pools->block_size(p) : 0;
-  cudaStream_t stream = nullptr;
-  if (size == 0) {
-    const auto info = d.main->find(p);
-    TORCH_CHECK(info.has_value(), "cuarena: annotating ", ptr,
-                ", which is not the start of a live allocation");
-    size = info->requested;
-    stream = as_stream(info->stream);
-  }
-  history_.annotate_allocation(d.index, reinterpret_cast<std::size_t>(ptr), size, stream, metadata);
+  const LiveAllocation a = live_allocation(ptr, "annotateMemory");
+  history_.annotate_allocation(a.device->index, reinterpret_cast<std::size_t>(ptr), a.requested,
+                               a.stream, metadata);
 }
 
 // --- Private pools -----------------------------------------------------------------------------
@@ -538,10 +544,7 @@ std::size_t TorchAllocator::memory_available(c10::DeviceIndex dev) {
   c10::cuda::CUDAGuard guard(dev);
   std::size_t device_free = 0, total = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&device_free, &total));
-  const cuarena::Allocator::MemoryBreakdown b = d.main->memory_breakdown();
-  // Cached memory a request can be backed by: cached free blocks (moved by remapping) and idle
-  // physical granules. Pending frees and parked blocks count as in use until they return.
-  const std::size_t cached = b.owned_cached + b.shared_cached + b.idle;
+  const std::size_t cached = reusable(d.main->memory_breakdown());
   const Stats s = d.main->stats();
   const auto reserved = std::size_t(s.reserved_bytes[0].current);
   const std::size_t limit = d.main->memory_limit();

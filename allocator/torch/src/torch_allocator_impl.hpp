@@ -124,6 +124,19 @@ class TorchAllocator final : public VersionedAllocator {
   bool any_context() const;
   void* main_allocate(Device& d, std::size_t bytes, cudaStream_t stream, c10::MempoolId_t& pool);
   void flush_deferred(Device& d);
+  /// A live allocation at `ptr` (the start of a main-allocator or pool block): its device,
+  /// block size, requested bytes (a pool block's size for pool blocks) and stream (nullptr for
+  /// pool blocks). Throws c10::Error naming `caller` for any other pointer.
+  struct LiveAllocation {
+    Device* device;
+    std::size_t size;
+    std::size_t requested;
+    cudaStream_t stream;
+  };
+  LiveAllocation live_allocation(const void* ptr, const char* caller);
+  /// Whether free device memory plus cuarena's reusable cache covers `bytes`, within the
+  /// limit, as memory_available() counts them (which it calls only when the cache is short).
+  bool can_back(Device& d, std::size_t bytes);
   /// throw_on_cudamalloc_oom: refuses `bytes` up front (counted, observers told).
   [[noreturn]] void reject(Device& d, std::size_t bytes);
   [[noreturn]] void out_of_memory(Device& d, std::size_t bytes, const std::string& core_message);

@@ -80,8 +80,6 @@ inline TraceEntry::Action parseTraceEntryAction(const std::string& name) {
 #endif
 }  // namespace CDA
 
-/// Whether this minor's TraceEntry carries a user_metadata string (2.10 and later).
-inline constexpr bool kTraceUserMetadata = kTorchMinor >= 10;
 /// Whether this minor has the post-facto "annotate" trace action (2.14 and later).
 inline constexpr bool kTraceAnnotate = kTorchMinor >= 14;
 
@@ -122,7 +120,7 @@ inline bool throw_on_oom_setting() {
 #endif
 }
 
-/// Per-pool reserved bytes, as `fill_pool_stats` wants them.
+/// Per-pool reserved bytes, as `fill_newer_stats` wants them.
 struct PoolReserved {
   c10::MempoolId_t id;
   c10::CachingAllocator::StatArray reserved;

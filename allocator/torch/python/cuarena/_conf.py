@@ -24,7 +24,7 @@ OLDEST_MINOR = 8
 NEWEST_MINOR = 15
 
 # The variables PyTorch's CUDA allocator reads its settings from, in the order it tries them,
-# by torch minor. Checked with each minor's own parser (tests/python/test_torch_conf.py checks
+# by torch minor. Checked with each minor's own parser (tests/python/test_package.py checks
 # the installed torch): from 2.10 the first one *present in the environment* is used, even when
 # empty, and the other is ignored; 2.8 and 2.9 read PYTORCH_CUDA_ALLOC_CONF only (2.9's generic
 # parser reads PYTORCH_ALLOC_CONF but nothing in it reaches the CUDA allocator).
@@ -41,7 +41,7 @@ ALL_TORCH_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 # PyTorch's allocator keys and the first minor whose parser accepts each (any other key is an
 # error there). Probed with each minor's wheel through torch._C's allocator-settings call; the
-# installed torch is checked by tests/python/test_torch_conf.py.
+# installed torch is checked by tests/python/test_package.py.
 TORCH_KEYS_SINCE = {
     "backend": 8,
     "expandable_segments": 8,
@@ -90,23 +90,29 @@ def installed_minor() -> int:
     return minor_of(version) or NEWEST_MINOR
 
 
+def minor_version(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a version string such as "2.11.0+cu130", or None."""
+    m = re.match(r"\s*(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def minor_of(version: str) -> int | None:
     """x of a "2.x..." version string, or None."""
-    m = re.match(r"\s*2\.(\d+)", version)
-    return int(m.group(1)) if m else None
+    mm = minor_version(version)
+    return mm[1] if mm is not None and mm[0] == 2 else None
 
 
 _GRANULES = ("cuarena releases cached memory before any out-of-memory error and maps memory "
              "in 2 MiB granules, so it has no")
 _REPLACED = "it tunes PyTorch's native CUDA allocator, which cuarena replaces"
+_OWN_VA = "cuarena reserves its own address space (its key va_reserve)"
 
 # PyTorch keys that only tune PyTorch's own device allocator: under cuarena they are taken out
 # of PyTorch's variable with one note each (PyTorch would accept and then silently ignore them).
 NO_EFFECT = {
     "max_split_size_mb": f"{_GRANULES} split limit to configure",
-    "expandable_segments_reserve": "cuarena reserves its own address space (its key va_reserve)",
-    "expandable_segments_reserve_by_class": "cuarena reserves its own address space (its key "
-                                            "va_reserve)",
+    "expandable_segments_reserve": _OWN_VA,
+    "expandable_segments_reserve_by_class": _OWN_VA,
     "roundup_power2_divisions": f"{_GRANULES} rounding policy to configure",
     "max_non_split_rounding_mb": f"{_GRANULES} rounding policy to configure",
     "expandable_segments": f"{_GRANULES} segment expansion to configure",

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import threading
 from pathlib import Path
 
+from ._conf import minor_version
 from ._errors import ConfigError, CuarenaError
 
 LIB_ENV = "CUARENA_TORCH_LIB"
@@ -63,12 +63,6 @@ def library_path() -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parent / "lib" / LIB_NAME
-
-
-def minor_version(version: str) -> tuple[int, int] | None:
-    """(major, minor) of a version string such as "2.11.0+cu130", or None."""
-    m = re.match(r"\s*(\d+)\.(\d+)", version)
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 class Library:
