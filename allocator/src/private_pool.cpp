@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "assert.hpp"
+#include "support/assert.hpp"
 
 namespace cuarena {
 

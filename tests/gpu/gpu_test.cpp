@@ -20,8 +20,8 @@
 #include "cuarena/replay/gpu_replay.hpp"
 #include "cuarena/replay/replay.hpp"
 #include "cuarena/sim_backend.hpp"
-#include "gpu_lag.cuh"
-#include "gpu_verify.cuh"
+#include "gpu/gpu_lag.cuh"
+#include "gpu/gpu_verify.cuh"
 
 using namespace cuarena;
 using namespace cuarena::replay;

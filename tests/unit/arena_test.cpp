@@ -1,6 +1,6 @@
 // Arena (allocator/src/arena.hpp): its active-granule bitset against a plain model, through
 // random mapping, unmapping and dormancy, and next_inactive() over random ranges.
-#include "arena.hpp"
+#include "physical/arena.hpp"
 
 #include <gtest/gtest.h>
 

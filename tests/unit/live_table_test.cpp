@@ -1,7 +1,7 @@
 // LiveTable (allocator/src/live_table.hpp): the open-addressing stripes against std::map, through
 // growth, erasure and reuse of erased slots, with keys shaped like device pointers (512-byte and
 // 2 MiB aligned, which a poor hash would pile into one probe run).
-#include "live_table.hpp"  // private to the core: tests/CMakeLists.txt adds allocator/src
+#include "front/live_table.hpp"  // private to the core: tests/CMakeLists.txt adds allocator/src
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // LoopPlanner and pack_cyclic: the plan a repeating loop gets. (The allocator serving plans is
 // tested in randomized_test.cpp's RandomizedLoopPlan tests.)
-#include "loop_planner.hpp"
+#include "plans/loop_planner.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // NodeCache / CachedAllocator (allocator/src/node_cache.hpp): the recycled nodes behind the
 // pool's size and address indexes.
-#include "node_cache.hpp"
+#include "support/node_cache.hpp"
 
 #include <gtest/gtest.h>
 

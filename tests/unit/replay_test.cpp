@@ -9,7 +9,7 @@
 #include "cuarena/allocator.hpp"
 #include "cuarena/replay/trace.hpp"
 #include "cuarena/sim_backend.hpp"
-#include "sha256.hpp"
+#include "input/sha256.hpp"
 
 using namespace cuarena;
 using namespace cuarena::replay;

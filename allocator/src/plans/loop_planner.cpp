@@ -1,0 +1,262 @@
+#include "plans/loop_planner.hpp"
+
+#include <algorithm>
+#include <array>
+#include <numeric>
+#include <utility>
+
+#include "support/assert.hpp"
+
+namespace cuarena::detail {
+
+namespace {
+constexpr std::uint64_t kBase = 0x100000001b3ULL;  // FNV prime: odd, so powers never vanish
+
+constexpr std::uint64_t base_pow(int n) {
+  std::uint64_t p = 1;
+  for (int i = 0; i < n; ++i) p *= kBase;
+  return p;
+}
+constexpr std::uint64_t kBaseW = base_pow(TokenWindow::kWindow);
+
+/// Blocks of a period that may have been planned against each other wrongly when streams differ
+/// or lifetimes meet on the circle: [s, e) and [s', e') overlap modulo `period` (each shorter
+/// than 2 x period after the margin).
+bool cyclic_overlap(std::uint64_t s1, std::uint64_t e1, std::uint64_t s2, std::uint64_t e2,
+                    std::uint64_t period) {
+  auto overlap = [](std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t d) {
+    return a < d && c < b;
+  };
+  return overlap(s1, e1, s2, e2) || overlap(s1, e1, s2 + period, e2 + period) ||
+         overlap(s1 + period, e1 + period, s2, e2);
+}
+}  // namespace
+
+std::uint64_t TokenWindow::token_hash(const Token& t) {
+  std::uint64_t h =
+      (std::uint64_t(t.size) * 0x9e3779b97f4a7c15ULL) ^ (t.stream + 0x632be59bd9b4e019ULL);
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  return h ^ (h >> 32);
+}
+
+void TokenWindow::push(const Token& t) {
+  const std::uint64_t h = token_hash(t);
+  const int slot = count_ % kWindow;
+  hash_ = hash_ * kBase + h - ring_[slot] * kBaseW;  // the token kWindow back leaves the sum
+  ring_[slot] = h;
+  ++count_;
+  if (count_ == 2 * kWindow) count_ = kWindow;  // keeps count_ % kWindow cycling, full() true
+}
+
+std::size_t pack_cyclic(const std::vector<PackItem>& items, std::uint64_t period,
+                        std::uint64_t margin, std::vector<std::size_t>& offsets,
+                        std::vector<bool>& fence) {
+  const std::size_t n = items.size();
+  offsets.assign(n, 0);
+  fence.assign(n, false);
+  if (n == 0 || period == 0) return 0;
+  // Greedy by size (largest first), each block at the lowest offset where no block already
+  // placed that is live at the same time (cyclically, plus the cross-stream margin) overlaps it.
+  // The placed blocks are kept by offset, so the first gap is found in one walk that stops
+  // there: O(n^2) pair checks at worst, with no sorting per block.
+  std::vector<std::uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    if (items[a].size != items[b].size) return items[a].size > items[b].size;
+    const auto la = items[a].end - items[a].start, lb = items[b].end - items[b].start;
+    return la != lb ? la > lb : a < b;
+  });
+  std::vector<std::uint32_t> placed;  // by offset
+  placed.reserve(n);
+  std::size_t extent = 0;
+  for (const std::uint32_t i : order) {
+    const PackItem& a = items[i];
+    std::size_t at = 0;  // lowest offset where `a` fits between the conflicting blocks
+    for (const std::uint32_t j : placed) {
+      if (offsets[j] >= at + a.size) break;
+      const PackItem& o = items[j];
+      const std::uint64_t m = o.stream == a.stream ? 0 : margin;
+      if (cyclic_overlap(a.start, a.end + m, o.start, o.end + m, period))
+        at = std::max(at, offsets[j] + o.size);
+    }
+    offsets[i] = at;
+    extent = std::max(extent, at + a.size);
+    const auto pos =
+        std::upper_bound(placed.begin(), placed.end(), at,
+                         [&](std::size_t off, std::uint32_t j) { return off < offsets[j]; });
+    placed.insert(pos, i);
+  }
+  // Blocks of two streams sharing bytes (at different times, by the packing): each one's free
+  // needs an event before the other reuses them. A sweep over addresses finds them.
+  std::vector<std::uint32_t> by_offset(n);
+  std::iota(by_offset.begin(), by_offset.end(), 0u);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [&](std::uint32_t a, std::uint32_t b) { return offsets[a] < offsets[b]; });
+  std::vector<std::uint32_t> open;  // blocks whose bytes reach past the current offset
+  for (std::uint32_t i : by_offset) {
+    std::erase_if(open, [&](std::uint32_t j) { return offsets[j] + items[j].size <= offsets[i]; });
+    for (std::uint32_t j : open) {
+      if (items[j].stream != items[i].stream) fence[i] = fence[j] = true;
+    }
+    open.push_back(i);
+  }
+  return extent;
+}
+
+std::uint64_t LoopPlanner::on_allocate(const Token& token, std::size_t live_bytes) {
+  const std::uint64_t seq = next_seq();
+  reqs_.push_back({token, clock_++, live_bytes});
+  window_.push(token);
+  update_candidates(seq);
+  while (reqs_.size() > 2 * max_period_ + 1) {
+    reqs_.pop_front();
+    ++first_seq_;
+  }
+  if (last_seen_.size() > 4 * max_period_) last_seen_.clear();
+  return seq;
+}
+
+void LoopPlanner::on_free(std::uint64_t seq) {
+  if (seq < first_seq_ || seq >= next_seq()) return;  // older than the history
+  reqs_[seq - first_seq_].t_free = clock_++;
+}
+
+void LoopPlanner::update_candidates(std::uint64_t seq) {
+  const Token& now = at(seq).token;
+  std::erase_if(candidates_, [&](Candidate& c) {
+    if (seq < first_seq_ + c.period || !(at(seq - c.period).token == now)) return true;
+    ++c.matched;
+    return false;
+  });
+  if (window_.full()) {
+    // A period is proposed by every earlier occurrence of the current window remembered: the
+    // latest is often one layer or one near-identical iteration back, the loop further.
+    std::array<std::uint64_t, kOccurrences>& seen = last_seen_[window_.hash()];
+    for (std::uint64_t q : seen) {
+      if (q == 0) continue;  // empty slot (seq 0 never ends a full window)
+      propose(seq, seq - q);
+    }
+    std::copy_backward(seen.begin(), seen.end() - 1, seen.end());
+    seen[0] = seq;
+  }
+  for (const Candidate& c : candidates_) {
+    if (c.matched >= c.period && c.period > planned_period_ &&
+        (ready_period_ == 0 || c.period < ready_period_)) {
+      ready_ = seq;
+      ready_period_ = c.period;
+    }
+  }
+}
+
+void LoopPlanner::propose(std::uint64_t seq, std::size_t period) {
+  if (period > max_period_ || period <= planned_period_ ||
+      seq < first_seq_ + period + TokenWindow::kWindow)
+    return;
+  for (const Candidate& c : candidates_) {
+    if (c.period == period) return;
+  }
+  for (int k = 0; k < TokenWindow::kWindow; ++k) {
+    if (!(at(seq - k).token == at(seq - k - period).token)) return;  // a hash collision
+  }
+  const Candidate fresh{period, std::size_t(TokenWindow::kWindow)};
+  if (candidates_.size() < kMaxCandidates) {
+    candidates_.push_back(fresh);
+    return;
+  }
+  // Full: the new one replaces the candidate with the shortest match so far, if as short.
+  auto weakest = std::min_element(
+      candidates_.begin(), candidates_.end(),
+      [](const Candidate& a, const Candidate& b) { return a.matched < b.matched; });
+  if (weakest->matched <= fresh.matched) *weakest = fresh;
+}
+
+std::optional<Plan> LoopPlanner::take_plan(std::size_t& phase) {
+  if (!ready_) return std::nullopt;
+  const std::uint64_t last = *ready_;
+  const std::size_t period = ready_period_;
+  ready_.reset();
+  ready_period_ = 0;
+  // Plan from the earlier of the two matching periods: its blocks have mostly been freed.
+  if (last + 1 < 2 * period || last + 1 - 2 * period < first_seq_) return std::nullopt;
+  const std::uint64_t first = last + 1 - 2 * period;
+  planned_period_ = period;
+  std::erase_if(candidates_, [&](const Candidate& c) { return c.period <= period; });
+  phase = 0;  // the next request repeats the earlier period's first one
+  return build(first, period);
+}
+
+Plan LoopPlanner::build(std::uint64_t first, std::size_t period) const {
+  Plan plan;
+  plan.entries.resize(period);
+  const std::uint64_t t0 = at(first).t_alloc;
+  const std::uint64_t ticks = at(first + period).t_alloc - t0;  // one iteration, in events
+  std::vector<PackItem> items;
+  std::vector<std::uint32_t> entry_of;
+  for (std::size_t k = 0; k < period; ++k) {
+    const Request& r = at(first + k);
+    plan.entries[k].token = r.token;
+    // A block still live, or living longer than an iteration, would overlap its own next
+    // instance: served elsewhere.
+    if (r.t_free == kLive || r.t_free - r.t_alloc > ticks) continue;
+    const std::uint64_t start = r.t_alloc - t0;
+    items.push_back({r.token.size, start, start + (r.t_free - r.t_alloc), r.token.stream});
+    entry_of.push_back(std::uint32_t(k));
+  }
+  std::vector<std::size_t> offsets;
+  std::vector<bool> fence;
+  plan.bytes = pack_cyclic(items, ticks, margin_, offsets, fence);
+  std::vector<std::int64_t> delta(ticks + 1, 0);  // live bytes over the circle, for live_peak
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Plan::Entry& e = plan.entries[entry_of[i]];
+    e.offset = offsets[i];
+    e.fence = fence[i];
+    const PackItem& it = items[i];
+    const auto size = std::int64_t(it.size);
+    if (it.end <= ticks) {
+      delta[it.start] += size;
+      delta[it.end] -= size;
+    } else {
+      delta[it.start] += size;
+      delta[ticks] -= size;
+      delta[0] += size;
+      delta[it.end - ticks] -= size;
+    }
+  }
+  std::vector<std::int64_t> live_at(ticks);  // planned bytes live during each tick
+  std::int64_t live = 0, peak = 0;
+  for (std::uint64_t t = 0; t < ticks; ++t) peak = std::max(peak, live_at[t] = live += delta[t]);
+  plan.live_peak = std::size_t(peak);
+  // The plan goes in use just before the request at which its own blocks hold least (the
+  // previous iteration's instances of those, still live in the pool, then sit beside the new
+  // range), and of those points where the job holds least.
+  std::vector<std::int64_t> planned_size(period, 0);
+  for (std::size_t i = 0; i < items.size(); ++i)
+    planned_size[entry_of[i]] = std::int64_t(items[i].size);
+  std::pair<std::int64_t, std::size_t> least{INT64_MAX, SIZE_MAX};
+  for (std::size_t k = 0; k < period; ++k) {
+    const std::uint64_t t = at(first + k).t_alloc - t0;
+    const std::pair<std::int64_t, std::size_t> here{live_at[t] - planned_size[k],
+                                                    at(first + period + k).live};
+    if (here < least) {
+      least = here;
+      plan.quiet = k;
+    }
+  }
+  // Windows met once in the period locate a request in it.
+  TokenWindow w;
+  std::unordered_map<std::uint64_t, std::int64_t> where;
+  const auto n = std::int64_t(period);
+  for (std::int64_t k = -TokenWindow::kWindow + 1; k < n; ++k) {
+    w.push(plan.entries[std::size_t((k % n + n) % n)].token);  // periods under the window too
+    if (k < 0) continue;
+    auto [it, fresh] = where.try_emplace(w.hash(), k);
+    if (!fresh) it->second = -1;  // ambiguous
+  }
+  for (const auto& [hash, k] : where) {
+    if (k >= 0) plan.resume.emplace(hash, std::uint32_t(k));
+  }
+  return plan;
+}
+
+}  // namespace cuarena::detail
