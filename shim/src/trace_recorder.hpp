@@ -1,5 +1,5 @@
 // TraceRecorder: CUARENA_TRACE. Keeps the job's allocations and frees in memory and writes them
-// as a .cuat trace (tools/trace/FORMAT.md) at exit, for `cuarena replay`. Times are microseconds
+// as a .cuat trace (trace/FORMAT.md) at exit, for `cuarena replay`. Times are microseconds
 // since the shim loaded. Thread-safe.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cuarena/cuat.hpp"
+#include "cuarena/trace/writer.hpp"
 #include "cuarena/types.hpp"
 
 namespace cuarena::shim {

@@ -179,7 +179,7 @@ def test_convert_then_replay_cuat_gives_the_same_numbers(tmp_path):
 
 
 def record(action=0, pad8=0, device=0, pad32=0, stream=0, addr=0x1000, size=512, time_us=0):
-    """One .cuat event record (tools/trace/FORMAT.md), fields as given."""
+    """One .cuat event record (trace/FORMAT.md), fields as given."""
     import struct
     return struct.pack("<BBHIQQQq", action, pad8, device, pad32, stream, addr, size, time_us)
 

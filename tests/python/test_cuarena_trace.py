@@ -1,4 +1,4 @@
-"""Tests of tools/trace/cuarena_trace.py against the real traces and tools/trace/FORMAT.md."""
+"""Tests of tools/trace/cuarena_trace.py against the real traces and trace/FORMAT.md."""
 
 import gzip
 import json

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convert allocation traces to the cuarena trace format (``.cuat``) and summarise them.
 
-The output format is specified byte for byte in ``tools/trace/FORMAT.md`` (a 32-byte header and
+The output format is specified byte for byte in ``trace/FORMAT.md`` (a 32-byte header and
 40-byte little-endian records); this module is its reference writer.
 
 Inputs are recognised by content, never by file name:

@@ -1,6 +1,6 @@
-// Trace input for the replayer: the compact `.cuat` format (tools/trace/FORMAT.md), read here,
-// and everything else (PyTorch snapshots, RMM CSVs) converted to it by
-// tools/trace/cuarena_trace.py, which uses Python's own pickle.
+// Trace input for the replayer: the compact `.cuat` format (trace/FORMAT.md), read by the format
+// library (trace/), and everything else (PyTorch snapshots, RMM CSVs) converted to it by
+// tools/trace/cuarena_trace.py, which uses Python's own pickle; converted traces are cached.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cuarena/cuat.hpp"
+#include "cuarena/trace/format.hpp"
 
 namespace cuarena::replay {
 

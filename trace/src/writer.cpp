@@ -1,4 +1,4 @@
-#include "cuarena/cuat.hpp"
+#include "cuarena/trace/writer.hpp"
 
 #include <cerrno>
 #include <cstdio>

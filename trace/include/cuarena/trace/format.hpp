@@ -1,13 +1,9 @@
-// The `.cuat` trace format (FORMAT.md beside this folder): its records, and the writer that both
-// the replayer and the LD_PRELOAD shim use. Reading lives in the replayer (tools/replay), which
-// adds gzip and validation.
+// The `.cuat` trace format (trace/FORMAT.md): its records, constants and byte order, shared by the
+// writer (writer.hpp) and the reader (reader.hpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
-#include <vector>
 
 namespace cuarena::cuat {
 
@@ -15,6 +11,8 @@ inline constexpr char kMagic[8] = {'C', 'U', 'A', 'T', 'R', 'A', 'C', 'E'};
 inline constexpr std::uint32_t kVersion = 1;
 inline constexpr std::size_t kHeaderSize = 32;
 inline constexpr std::uint32_t kRecordSize = 40;
+/// The largest size of an event other than `oom`, in bytes (16 TiB: no device holds more).
+inline constexpr std::uint64_t kMaxEventSize = std::uint64_t{16} << 40;
 
 enum class Action : std::uint8_t {
   kAlloc = 0,
@@ -29,6 +27,7 @@ enum class Action : std::uint8_t {
   kOther = 255,
 };
 
+/// One record; `size` and `addr` in bytes, `time_us` in microseconds.
 struct Event {
   Action action;
   std::uint16_t device;
@@ -50,16 +49,5 @@ void store_le(unsigned char* p, T v) {
   for (std::size_t i = 0; i < sizeof(T); ++i)
     p[i] = static_cast<unsigned char>(std::uint64_t(v) >> (8 * i));
 }
-
-/// A write that failed; what() names the file and the cause.
-class WriteError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-/// Writes `events` (devices one after another, as FORMAT.md requires) as an uncompressed `.cuat`
-/// file. A regular file is written beside `path` and renamed into place, so a failed write
-/// leaves nothing; every write, the flush and the close are checked. Throws WriteError.
-void write(const std::string& path, const std::vector<Event>& events);
 
 }  // namespace cuarena::cuat
