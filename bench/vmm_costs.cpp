@@ -10,7 +10,7 @@
 #include <initializer_list>
 #include <vector>
 
-#include "driver_api.hpp"
+#include "cuarena/driver_api.hpp"
 
 namespace {
 

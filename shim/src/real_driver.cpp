@@ -61,45 +61,10 @@ const RealDriver& RealDriver::get() {
   static const RealDriver table = [] {
     RealDriver t;
     if (libcuda() == nullptr) return t;
-    load(t.mem_alloc, "cuMemAlloc_v2");
-    load(t.mem_free, "cuMemFree_v2");
-    load(t.mem_alloc_async, "cuMemAllocAsync");
-    load(t.mem_alloc_async_ptsz, "cuMemAllocAsync_ptsz");
-    load(t.mem_free_async, "cuMemFreeAsync");
-    load(t.mem_free_async_ptsz, "cuMemFreeAsync_ptsz");
-    load(t.mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync");
-    load(t.mem_alloc_from_pool_async_ptsz, "cuMemAllocFromPoolAsync_ptsz");
-    load(t.mem_get_info, "cuMemGetInfo_v2");
-    load(t.mem_get_address_range, "cuMemGetAddressRange_v2");
-    load(t.pointer_get_attribute, "cuPointerGetAttribute");
-    load(t.pointer_get_attributes, "cuPointerGetAttributes");
-    load(t.ipc_get_mem_handle, "cuIpcGetMemHandle");
-    load(t.ipc_open_mem_handle, "cuIpcOpenMemHandle_v2");
-    load(t.ipc_close_mem_handle, "cuIpcCloseMemHandle");
-    load(t.stream_create, "cuStreamCreate");
-    load(t.stream_create_with_priority, "cuStreamCreateWithPriority");
-    load(t.stream_destroy, "cuStreamDestroy_v2");
-    load(t.stream_is_capturing, "cuStreamIsCapturing");
-    load(t.stream_get_flags, "cuStreamGetFlags");
-    load(t.stream_get_priority, "cuStreamGetPriority");
-    load(t.stream_get_ctx, "cuStreamGetCtx");
-    load(t.ctx_get_current, "cuCtxGetCurrent");
-    load(t.ctx_set_current, "cuCtxSetCurrent");
-    load(t.ctx_get_device, "cuCtxGetDevice");
-    load(t.device_get_default_mem_pool, "cuDeviceGetDefaultMemPool");
-    load(t.event_create, "cuEventCreate");
-    load(t.event_record, "cuEventRecord");
-    load(t.event_query, "cuEventQuery");
-    load(t.event_synchronize, "cuEventSynchronize");
-    load(t.event_destroy, "cuEventDestroy_v2");
-    load(t.stream_wait_event, "cuStreamWaitEvent");
-    load(t.stream_query, "cuStreamQuery");
-    load(t.stream_begin_capture, "cuStreamBeginCapture_v2");
-    load(t.stream_begin_capture_ptsz, "cuStreamBeginCapture_v2_ptsz");
-    load(t.stream_begin_capture_to_graph, "cuStreamBeginCaptureToGraph");
-    load(t.stream_begin_capture_to_graph_ptsz, "cuStreamBeginCaptureToGraph_ptsz");
-    load(t.stream_end_capture, "cuStreamEndCapture");
-    load(t.stream_end_capture_ptsz, "cuStreamEndCapture_ptsz");
+#define CUARENA_DRIVER_SYMBOL(member, api, abi, version, per_thread, backend, shim, tests) \
+  CUARENA_DRIVER_IF(shim, load(t.member, #abi);)
+#include "cuarena/driver_symbols.def"
+#undef CUARENA_DRIVER_SYMBOL
     return t;
   }();
   return table;

@@ -102,7 +102,7 @@ unsigned long long check_allocation(const Alloc& al) {
   for (const auto& [where, q] : probes) {
     CUdeviceptr base = 0;
     std::size_t size = 0;
-    CHECK_DRV(d.get_address_range(&base, &size, q));
+    CHECK_DRV(d.mem_get_address_range(&base, &size, q));
     expect(base == p && size == al.size,
            "%s(%zu) = 0x%llx: cuMemGetAddressRange_v2 at its %s gives [0x%llx, +%zu), not "
            "[0x%llx, +%zu)",
@@ -146,7 +146,7 @@ unsigned long long check_allocation(const Alloc& al) {
   // Just past the end: another allocation's (or nobody's), never this one's.
   CUdeviceptr base = 0;
   std::size_t size = 0;
-  if (d.get_address_range(&base, &size, p + al.size) == CUDA_SUCCESS)
+  if (d.mem_get_address_range(&base, &size, p + al.size) == CUDA_SUCCESS)
     expect(base != p, "%s(%zu) = 0x%llx: the byte past its end reports the same range start", api,
            al.size, (unsigned long long)p);
   return id;

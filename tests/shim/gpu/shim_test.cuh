@@ -8,7 +8,6 @@
 // exits 1 when any case failed, 77 (skipped) where no CUDA device is visible.
 #pragma once
 
-#include <cuda.h>  // driver types and prototypes only: the functions come from entry points
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -21,6 +20,10 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+
+// cuda.h (driver types and prototypes only: the functions come from entry points) and the rows
+// of the driver entry points.
+#include "cuarena/driver_symbols.hpp"
 
 namespace shimtest {
 
@@ -60,31 +63,25 @@ inline void check_drv(CUresult r, const char* call, const char* file, int line) 
 
 // ---- driver entry points ----------------------------------------------------------------------
 
-// The driver functions the programs call, obtained as cudart obtains them (through
-// cuGetProcAddress, which the shim wraps). cuda.h maps each name to its current ABI (cuMemAlloc
-// is cuMemAlloc_v2, cuMemGetAddressRange is cuMemGetAddressRange_v2, ...); asking for version
-// 12000 returns that same ABI.
+// The driver functions the programs call (the test rows of driver_symbols.def, each of the ABI
+// cuda.h maps its name to), obtained as cudart obtains them: through cuGetProcAddress, which the
+// shim wraps, by name and version, the per-thread variants with cudaEnablePerThreadDefaultStream.
 struct Driver {
-  decltype(&::cuMemAlloc) mem_alloc = nullptr;                    // cuMemAlloc_v2
-  decltype(&::cuMemFree) mem_free = nullptr;                      // cuMemFree_v2
-  decltype(&::cuMemAllocAsync) mem_alloc_async = nullptr;         // cuMemAllocAsync
-  decltype(&::cuMemFreeAsync) mem_free_async = nullptr;           // cuMemFreeAsync
-  decltype(&::cuMemAllocAsync) mem_alloc_async_ptsz = nullptr;    // cuMemAllocAsync_ptsz
-  decltype(&::cuMemFreeAsync) mem_free_async_ptsz = nullptr;      // cuMemFreeAsync_ptsz
-  decltype(&::cuMemGetAddressRange) get_address_range = nullptr;  // cuMemGetAddressRange_v2
-  decltype(&::cuPointerGetAttribute) pointer_get_attribute = nullptr;
-  decltype(&::cuPointerGetAttributes) pointer_get_attributes = nullptr;
-  decltype(&::cuMemGetInfo) mem_get_info = nullptr;  // cuMemGetInfo_v2
-  decltype(&::cuGetErrorName) get_error_name = nullptr;
+#define CUARENA_DRIVER_SYMBOL(member, api, abi, version, per_thread, backend, shim, tests) \
+  CUARENA_DRIVER_IF(tests, decltype(&::api) member = nullptr;)
+#include "cuarena/driver_symbols.def"
+#undef CUARENA_DRIVER_SYMBOL
 
   static const Driver& get();
 };
 
 template <class Fn>
-void resolve(Fn& fn, const char* symbol, unsigned long long flags = cudaEnableDefault) {
+void resolve(Fn& fn, const char* symbol, unsigned int cuda_version, bool per_thread) {
+  const unsigned long long flags =
+      per_thread ? cudaEnablePerThreadDefaultStream : cudaEnableDefault;
   void* p = nullptr;
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &p, 12000, flags, &status);
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &p, cuda_version, flags, &status);
   if (e != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr)
     die("cudaGetDriverEntryPointByVersion(%s) -> %s, status %d", symbol, cudaGetErrorName(e),
         int(status));
@@ -94,17 +91,10 @@ void resolve(Fn& fn, const char* symbol, unsigned long long flags = cudaEnableDe
 inline const Driver& Driver::get() {
   static const Driver d = [] {
     Driver x;
-    resolve(x.get_error_name, "cuGetErrorName");
-    resolve(x.mem_alloc, "cuMemAlloc");
-    resolve(x.mem_free, "cuMemFree");
-    resolve(x.mem_alloc_async, "cuMemAllocAsync");
-    resolve(x.mem_free_async, "cuMemFreeAsync");
-    resolve(x.mem_alloc_async_ptsz, "cuMemAllocAsync", cudaEnablePerThreadDefaultStream);
-    resolve(x.mem_free_async_ptsz, "cuMemFreeAsync", cudaEnablePerThreadDefaultStream);
-    resolve(x.get_address_range, "cuMemGetAddressRange");
-    resolve(x.pointer_get_attribute, "cuPointerGetAttribute");
-    resolve(x.pointer_get_attributes, "cuPointerGetAttributes");
-    resolve(x.mem_get_info, "cuMemGetInfo");
+#define CUARENA_DRIVER_SYMBOL(member, api, abi, version, per_thread, backend, shim, tests) \
+  CUARENA_DRIVER_IF(tests, resolve(x.member, #api, version, per_thread);)
+#include "cuarena/driver_symbols.def"
+#undef CUARENA_DRIVER_SYMBOL
     return x;
   }();
   return d;

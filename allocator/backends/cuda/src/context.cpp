@@ -5,8 +5,8 @@
 #include <mutex>
 #include <string>
 
+#include "cuarena/driver_api.hpp"
 #include "cuarena/errors.hpp"
-#include "driver_api.hpp"
 
 namespace cuarena::cuda {
 

@@ -10,8 +10,8 @@
 #include <stdexcept>
 
 #include "context.hpp"
+#include "cuarena/driver_api.hpp"
 #include "cuarena/errors.hpp"
-#include "driver_api.hpp"
 
 namespace cuarena::cuda_ipc {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "context.hpp"
+#include "cuarena/driver_api.hpp"
 #include "cuarena/errors.hpp"
-#include "driver_api.hpp"
 #include "events.hpp"
 
 namespace cuarena {

@@ -1,4 +1,4 @@
-#include "driver_api.hpp"
+#include "cuarena/driver_api.hpp"
 
 #include <dlfcn.h>
 
@@ -31,10 +31,12 @@ void* driver_resolve(const char* symbol, int cuda_version, std::uint64_t flags) 
 DriverResolver g_resolver = driver_resolve;
 
 template <class Fn>
-void resolve(Fn& fn, const char* symbol) {
-  // 12000: the ABI of these entry points has not changed since CUDA 12.0. Legacy-stream
-  // semantics: stream 0 is the legacy default stream, as for the runtime's callers.
-  fn = reinterpret_cast<Fn>(g_resolver(symbol, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM));
+void resolve(Fn& fn, const char* symbol, int cuda_version, bool per_thread) {
+  // Legacy-stream semantics unless the row is a per-thread variant: stream 0 is the legacy
+  // default stream, as for the runtime's callers.
+  fn = reinterpret_cast<Fn>(g_resolver(symbol, cuda_version,
+                                       per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                                  : CU_GET_PROC_ADDRESS_LEGACY_STREAM));
   if (fn == nullptr) {
     throw BackendError(std::string("cuarena: driver entry point ") + symbol +
                        " not available (is libcuda.so.1, the NVIDIA driver, installed?)");
@@ -50,30 +52,10 @@ void set_driver_resolver(DriverResolver resolver) {
 const DriverApi& DriverApi::get() {
   static const DriverApi api = [] {
     DriverApi a;
-    resolve(a.mem_create, "cuMemCreate");
-    resolve(a.mem_release, "cuMemRelease");
-    resolve(a.address_reserve, "cuMemAddressReserve");
-    resolve(a.address_free, "cuMemAddressFree");
-    resolve(a.mem_map, "cuMemMap");
-    resolve(a.mem_unmap, "cuMemUnmap");
-    resolve(a.mem_set_access, "cuMemSetAccess");
-    resolve(a.granularity, "cuMemGetAllocationGranularity");
-    resolve(a.error_string, "cuGetErrorString");
-    resolve(a.retain_handle, "cuMemRetainAllocationHandle");
-    resolve(a.export_handle, "cuMemExportToShareableHandle");
-    resolve(a.import_handle, "cuMemImportFromShareableHandle");
-    resolve(a.init, "cuInit");
-    resolve(a.device_get, "cuDeviceGet");
-    resolve(a.device_attribute, "cuDeviceGetAttribute");
-    resolve(a.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
-    resolve(a.ctx_get_current, "cuCtxGetCurrent");
-    resolve(a.ctx_set_current, "cuCtxSetCurrent");
-    resolve(a.mem_get_info, "cuMemGetInfo");
-    resolve(a.event_create, "cuEventCreate");
-    resolve(a.event_record, "cuEventRecord");
-    resolve(a.event_query, "cuEventQuery");
-    resolve(a.event_synchronize, "cuEventSynchronize");
-    resolve(a.event_destroy, "cuEventDestroy");
+#define CUARENA_DRIVER_SYMBOL(member, api, abi, version, per_thread, backend, shim, tests) \
+  CUARENA_DRIVER_IF(backend, resolve(a.member, #api, version, per_thread);)
+#include "cuarena/driver_symbols.def"
+#undef CUARENA_DRIVER_SYMBOL
     return a;
   }();
   return api;

@@ -1,7 +1,7 @@
 #include "events.hpp"
 
 #include "context.hpp"
-#include "driver_api.hpp"
+#include "cuarena/driver_api.hpp"
 
 namespace cuarena::cuda {
 
