@@ -20,6 +20,7 @@
 #include <stdexcept>
 
 #include "cuarena/size_classes.hpp"
+#include "front/cache_returns.hpp"
 #include "front/live_table.hpp"
 #include "front/messages.hpp"
 #include "front/pending_frees.hpp"
@@ -63,6 +64,7 @@ class Allocator::Impl final : private detail::PlanServer::Host {
                                       config_.defrag_threshold)},
         pool_(ctx_),
         slabs_(ctx_, pool_, classes_),
+        returns_(caches_, stats_, slabs_, pool_),
         plans_(ctx_, pool_, *this),
         pending_(backend) {
     if (config_.slab_size < classes_.max_size()) {
@@ -158,7 +160,7 @@ class Allocator::Impl final : private detail::PlanServer::Host {
         lock.lock();
       }
       // A full cache goes back to the pool whole, so it never holds stale sizes for long.
-      if (cache != nullptr && cache->maybe_nonempty()) drain_cache(*cache);
+      if (cache != nullptr && cache->maybe_nonempty()) returns_.drain(*cache);
     } else {
       lock.lock();
     }
@@ -373,46 +375,9 @@ class Allocator::Impl final : private detail::PlanServer::Host {
     plans_.check_invariants();
   }
 
-  /// Returns every block parked in a stream cache to its slab or the pool (their statistics
-  /// were counted at park time); true when there was any. Caller holds mu_.
-  bool drain_caches() {
-    if (!caches_.any()) return false;
-    caches_.for_each([&](StreamCache& c) { c.drain(drained_, deltas_); });
-    return return_drained();
-  }
-  void drain_cache(StreamCache& c) {
-    c.drain(drained_, deltas_);
-    return_drained();
-  }
-  /// Applies deltas_ (fold order) and returns drained_ to the slabs and the pool, leaving both
-  /// empty.
-  bool return_drained() {
-    apply_deltas();
-    for (const CachedBlock& b : drained_) {
-      if (b.slab)
-        slabs_.deallocate(b.slab, b.ptr);
-      else
-        pool_.deallocate(b.block);
-    }
-    const bool any = !drained_.empty();
-    drained_.clear();
-    return any;  // stream_cached_bytes is refreshed by every reader's fold_caches()
-  }
-
+  bool drain_caches() { return returns_.drain_all(); }
   /// Folds the statistics changes of the fast path into stats_. Caller holds mu_.
-  void fold_caches() const {
-    if (!caches_.any()) return;
-    std::size_t bytes = 0;
-    caches_.for_each([&](StreamCache& c) { bytes += c.take_delta(deltas_); });
-    apply_deltas();
-    stats_.stream_cached_bytes = std::int64_t(bytes);
-  }
-  /// Every cache's decreases before any increase: a peak is never over-read.
-  void apply_deltas() const {
-    for (const detail::CacheDelta& d : deltas_) d.apply_decreases(stats_);
-    for (const detail::CacheDelta& d : deltas_) d.apply_increases(stats_);
-    deltas_.clear();
-  }
+  void fold_caches() const { returns_.fold(); }
 
   void finish_free(DevicePtr ptr, const LiveBlock& rec) {
     const int pool = int(rec.slab ? Pool::kSmall : Pool::kLarge);
@@ -490,9 +455,8 @@ class Allocator::Impl final : private detail::PlanServer::Host {
   detail::SlabArena slabs_;
   mutable detail::LiveTable live_;
   detail::StreamCaches caches_;
-  std::vector<CachedBlock> drained_;                // drain scratch, under mu_; empty between calls
-  mutable std::vector<detail::CacheDelta> deltas_;  // fold scratch, under mu_; empty between calls
-  detail::PlanServer plans_;                        // config loop_plan
+  mutable detail::CacheReturns returns_;  // mutable: readers fold the caches in first
+  detail::PlanServer plans_;              // config loop_plan
   detail::PendingFrees pending_;  // after plans_: its events are released before the arenas'
 };
 
