@@ -33,9 +33,9 @@
 #include "cuarena/allocator.hpp"
 #include "cuarena/config.hpp"
 #include "cuarena/replay/replay.hpp"
-#include "cuarena/replay/replay_loop.hpp"
 #include "cuarena/replay/trace.hpp"
 #include "cuarena/sim_backend.hpp"
+#include "trace_ops.hpp"
 
 namespace {
 
@@ -56,25 +56,15 @@ struct LoopOps {
 };
 
 LoopOps compile(const std::vector<replay::Event>& events) {
+  const cuarena::bench::FlatTrace flat = cuarena::bench::flatten_trace(events);
   LoopOps out;
-  std::vector<bool> freed;
-  struct Hooks : replay::TraceHooks<std::uint32_t> {
-    LoopOps& out;
-    std::vector<bool>& freed;
-    std::vector<std::uint64_t> sizes;
-    std::uint32_t on_alloc(std::size_t, const replay::Event& e) {
-      const std::uint32_t b = out.blocks++;
-      freed.push_back(false);
-      sizes.push_back(e.size);
-      out.first.push_back({true, b, e.stream, e.size});
-      return b;
-    }
-    void on_free(std::size_t, const replay::Event&, std::uint32_t& b) {
-      freed[b] = true;
-      out.first.push_back({false, b, 0, sizes[b]});
-    }
-  } hooks{{}, out, freed, {}};
-  replay::run_trace<std::uint32_t>(events, hooks);
+  out.blocks = flat.blocks;
+  std::vector<bool> freed(flat.blocks, false);
+  for (const cuarena::bench::FlatOp& op : flat.ops) {
+    if (!op.alloc) freed[op.block] = true;
+    // Frees carry stream 0: run() queues every op's work on its stream, a free's on the default.
+    out.first.push_back({op.alloc, op.block, op.alloc ? op.stream : 0, op.size});
+  }
   for (const Op& op : out.first) {
     if (freed[op.block])
       out.loop.push_back(op);

@@ -1,6 +1,6 @@
 // PrivatePool: segment rules, best fit, coalescing, stream ownership, no_split, checkpoint
 // restore, release, errors, statistics, and a randomized run checked after every step.
-#include "cuarena/private_pool.hpp"
+#include "private_pool.hpp"
 
 #include <gtest/gtest.h>
 

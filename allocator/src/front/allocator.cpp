@@ -1,6 +1,6 @@
-// Allocator: the façade over BlockPool and SlabArena. It owns the device lock, the table of live
-// allocations, the stream caches, frees waiting on record_stream events, the statistics, and the
-// out-of-memory path.
+// Allocator: the façade over BlockPool, SlabArena and the loop plans (PlanServer). It owns the
+// device lock, the table of live allocations, the stream caches, frees waiting on events
+// (PendingFrees), the statistics, and the out-of-memory path.
 //
 // Invariants kept here: `live_` holds exactly the allocations handed out and not yet freed;
 // `pending_` holds freed allocations whose record_stream events have not all completed, and the
@@ -15,39 +15,34 @@
 #include "cuarena/allocator.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 
 #include "cuarena/size_classes.hpp"
+#include "front/cache_returns.hpp"
 #include "front/live_table.hpp"
+#include "front/messages.hpp"
+#include "front/pending_frees.hpp"
+#include "front/segment_map.hpp"
+#include "front/stat_updates.hpp"
 #include "front/stream_cache.hpp"
 #include "large/block_pool.hpp"
-#include "plans/loop_planner.hpp"
-#include "plans/planned_arena.hpp"
+#include "plans/plan_server.hpp"
 #include "slabs/slab_arena.hpp"
 #include "support/assert.hpp"
-#include "tuning.hpp"
 
 namespace cuarena {
 
 using detail::Block;
 using detail::CachedBlock;
+using detail::hex;
 using detail::LiveBlock;
-using detail::PlannedArena;
-namespace tuning = detail::tuning;
+using PendingFree = detail::PendingFrees::Entry;
 using detail::Slab;
 using detail::StreamCache;
 
 namespace {
-std::string hex(DevicePtr p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
-  return buf;
-}
-
 std::size_t limit_bytes(const DeviceBackend& backend, const Config& config) {
   const auto bytes =
       static_cast<std::size_t>(double(backend.capacity()) * config.per_process_memory_fraction);
@@ -55,7 +50,7 @@ std::size_t limit_bytes(const DeviceBackend& backend, const Config& config) {
 }
 }  // namespace
 
-class Allocator::Impl {
+class Allocator::Impl final : private detail::PlanServer::Host {
  public:
   Impl(DeviceBackend& backend, Config config)
       : config_(config),
@@ -68,20 +63,14 @@ class Allocator::Impl {
              static_cast<std::size_t>(double(limit_bytes(backend, config_)) *
                                       config_.defrag_threshold)},
         pool_(ctx_),
-        slabs_(ctx_, pool_, classes_) {
-    if (config_.loop_plan)
-      planner_ = std::make_unique<detail::LoopPlanner>(detail::tuning::kLoopPlanMaxPeriod,
-                                                       detail::tuning::kLoopPlanCrossStreamMargin);
+        slabs_(ctx_, pool_, classes_),
+        returns_(caches_, stats_, slabs_, pool_),
+        plans_(ctx_, pool_, *this),
+        pending_(backend) {
     if (config_.slab_size < classes_.max_size()) {
       throw ConfigError("cuarena config: slab_size (" + std::to_string(config_.slab_size) +
                         ") must be at least the largest small class (" +
                         std::to_string(classes_.max_size()) + " bytes, from small_limit)");
-    }
-  }
-
-  ~Impl() {
-    for (PendingFree& p : pending_) {
-      for (EventId e : p.events) ctx_.backend.release_event(e);
     }
   }
 
@@ -114,7 +103,7 @@ class Allocator::Impl {
       std::lock_guard lock(mu_);
       CUARENA_EXPENSIVE(check_structures());
       if (!pending_.empty()) process_pending(false);
-      if (rec.size != 0) ptr = planned(rec, stream);
+      if (rec.size != 0) ptr = plans_.serve(rec, stream);
       if (ptr != 0) {
         // served by the loop plan
       } else if (small) {
@@ -171,7 +160,7 @@ class Allocator::Impl {
         lock.lock();
       }
       // A full cache goes back to the pool whole, so it never holds stale sizes for long.
-      if (cache != nullptr && cache->maybe_nonempty()) drain_cache(*cache);
+      if (cache != nullptr && cache->maybe_nonempty()) returns_.drain(*cache);
     } else {
       lock.lock();
     }
@@ -190,7 +179,7 @@ class Allocator::Impl {
         pf.events.push_back(ctx_.backend.record_event(s));
         ++stats_.events_recorded;
       }
-      pending_.push_back(std::move(pf));
+      pending_.push(std::move(pf));
       stats_.pending_frees = std::int64_t(pending_.size());
     }
     sync_inactive();
@@ -219,10 +208,7 @@ class Allocator::Impl {
     CUARENA_EXPENSIVE(check_structures());
     drain_caches();
     process_pending(true);
-    if (arena_) {  // empty_cache(): the plan's range goes back, but for its live blocks
-      planner_->forget();
-      retire(std::move(arena_));
-    }
+    plans_.drop();
     const std::size_t bytes = wait_and_release();
     sync_inactive();
     return bytes;
@@ -248,12 +234,7 @@ class Allocator::Impl {
   void reset_peak_stats() {
     std::lock_guard lock(mu_);
     fold_caches();
-    for (StatArray* a :
-         {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-          &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-          &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
-      for (Stat& s : *a) s.reset_peak();
-    }
+    detail::reset_peaks(stats_);
   }
 
   const Config& config() const { return config_; }
@@ -305,33 +286,14 @@ class Allocator::Impl {
     {
       std::lock_guard lock(mu_);
       pool_.mapped_runs(runs);
-      for (const PendingFree& pf : pending_)
+      for (const PendingFree& pf : pending_.entries())
         used.push_back(
             {pf.ptr, pf.live.size, pf.live.requested, State::kPendingFree, pf.live.stream});
     }
     live_.for_each([&](DevicePtr ptr, const LiveBlock& rec) {
       used.push_back({ptr, rec.size, rec.requested, State::kAllocated, rec.stream});
     });
-    std::sort(used.begin(), used.end(),
-              [](const auto& a, const auto& b) { return a.addr < b.addr; });
-    std::sort(runs.begin(), runs.end());
-    std::vector<SegmentInfo> out;
-    auto next = used.begin();
-    for (const auto& [addr, size] : runs) {
-      SegmentInfo seg{addr, size, 0, {}};
-      DevicePtr pos = addr;
-      next = std::lower_bound(next, used.end(), addr,
-                              [](const auto& piece, DevicePtr a) { return piece.addr < a; });
-      for (; next != used.end() && next->addr + next->size <= addr + size; ++next) {
-        if (next->addr > pos) seg.blocks.push_back({pos, next->addr - pos, 0, State::kInactive, 0});
-        if (seg.stream == 0) seg.stream = next->stream;
-        seg.blocks.push_back(*next);
-        pos = next->addr + next->size;
-      }
-      if (pos < addr + size) seg.blocks.push_back({pos, addr + size - pos, 0, State::kInactive, 0});
-      out.push_back(std::move(seg));
-    }
-    return out;
+    return detail::segment_map(runs, used);
   }
 
   Fragmentation fragmentation() const {
@@ -340,14 +302,7 @@ class Allocator::Impl {
     Fragmentation f;
     std::size_t slab_total = 0, slab_largest = 0;
     pool_.free_mapped_extents(f.free_bytes, f.largest_free);
-    // A plan's range counts only where memory backs it (it is mapped as blocks first land).
-    auto gaps = [&](const PlannedArena& a) {
-      a.for_each_gap([&](const Block* piece, DevicePtr lo, DevicePtr hi) {
-        pool_.mapped_extents(piece, lo, hi, f.free_bytes, f.largest_free);
-      });
-    };
-    if (arena_) gaps(*arena_);
-    for (const auto& a : draining_) gaps(*a);
+    plans_.free_extents(f.free_bytes, f.largest_free);
     slabs_.free_extents(slab_total, slab_largest);
     f.free_bytes += slab_total + std::size_t(stats_.stream_cached_bytes);
     f.largest_free = std::max(f.largest_free, slab_largest);
@@ -386,13 +341,9 @@ class Allocator::Impl {
       ++count;
       bytes += std::int64_t(rec.size);
       requested += std::int64_t(rec.requested);
-      if (rec.planned) {
-        const PlannedArena* a = arena_holding(ptr);
-        CUARENA_CHECK(a != nullptr && a->piece(ptr) != nullptr,
-                      hex(ptr) + " planned but in no planned arena");
-        CUARENA_CHECK(pool_.backed(a->piece(ptr), ptr, rec.size),
-                      hex(ptr) + " planned, not backed");
-      } else
+      if (rec.planned)
+        plans_.check_block(ptr, rec.size);
+      else
         check_memory(ptr, rec.size, rec.slab, rec.block);
     });
     caches_.for_each([&](StreamCache& c) {
@@ -406,8 +357,7 @@ class Allocator::Impl {
                       stats_.allocated_bytes[all].current == bytes &&
                       stats_.requested_bytes[all].current == requested,
                   "statistics disagree with live blocks");
-    const auto backings = std::count_if(pending_.begin(), pending_.end(),
-                                        [](const PendingFree& p) { return p.backing; });
+    const std::size_t backings = pending_.backings();
     CUARENA_CHECK(stats_.active[all].current == count + std::int64_t(pending_.size() - backings),
                   "active count disagrees");
     CUARENA_CHECK(
@@ -422,57 +372,12 @@ class Allocator::Impl {
   void check_structures() const {
     pool_.check_invariants();
     slabs_.check_invariants();
-    if (arena_) arena_->check_invariants();
-    for (const auto& a : draining_) a->check_invariants();
+    plans_.check_invariants();
   }
 
-  struct PendingFree {
-    DevicePtr ptr;
-    LiveBlock live;
-    std::vector<EventId> events;
-    bool backing = false;  ///< a retired planned arena's block, never counted as allocated
-  };
-
-  /// Returns every block parked in a stream cache to its slab or the pool (their statistics
-  /// were counted at park time); true when there was any. Caller holds mu_.
-  bool drain_caches() {
-    if (!caches_.any()) return false;
-    caches_.for_each([&](StreamCache& c) { c.drain(drained_, deltas_); });
-    return return_drained();
-  }
-  void drain_cache(StreamCache& c) {
-    c.drain(drained_, deltas_);
-    return_drained();
-  }
-  /// Applies deltas_ (fold order) and returns drained_ to the slabs and the pool, leaving both
-  /// empty.
-  bool return_drained() {
-    apply_deltas();
-    for (const CachedBlock& b : drained_) {
-      if (b.slab)
-        slabs_.deallocate(b.slab, b.ptr);
-      else
-        pool_.deallocate(b.block);
-    }
-    const bool any = !drained_.empty();
-    drained_.clear();
-    return any;  // stream_cached_bytes is refreshed by every reader's fold_caches()
-  }
-
+  bool drain_caches() { return returns_.drain_all(); }
   /// Folds the statistics changes of the fast path into stats_. Caller holds mu_.
-  void fold_caches() const {
-    if (!caches_.any()) return;
-    std::size_t bytes = 0;
-    caches_.for_each([&](StreamCache& c) { bytes += c.take_delta(deltas_); });
-    apply_deltas();
-    stats_.stream_cached_bytes = std::int64_t(bytes);
-  }
-  /// Every cache's decreases before any increase: a peak is never over-read.
-  void apply_deltas() const {
-    for (const detail::CacheDelta& d : deltas_) d.apply_decreases(stats_);
-    for (const detail::CacheDelta& d : deltas_) d.apply_increases(stats_);
-    deltas_.clear();
-  }
+  void fold_caches() const { returns_.fold(); }
 
   void finish_free(DevicePtr ptr, const LiveBlock& rec) {
     const int pool = int(rec.slab ? Pool::kSmall : Pool::kLarge);
@@ -480,151 +385,37 @@ class Allocator::Impl {
       stats_.active[q].decrease(1);
       stats_.active_bytes[q].decrease(std::int64_t(rec.size));
     }
-    if (planner_) planner_->on_free(rec.seq);
-    if (rec.slab) {
+    if (plans_.free(ptr, rec)) return;
+    if (rec.slab)
       slabs_.deallocate(rec.slab, ptr);
-      return;
-    }
-    if (rec.planned) {
-      PlannedArena* a = arena_holding(ptr);
-      CUARENA_ASSERT(a != nullptr, hex(ptr) + " planned but in no planned arena");
-      if (Block* piece = a->free(ptr)) {  // a retired arena's last block in that piece
-        give_back(piece, *a);
-        if (!a->holds_memory())
-          std::erase_if(draining_, [&](const auto& d) { return d.get() == a; });
-      }
-    } else {
+    else
       pool_.deallocate(rec.block);
-    }
   }
 
-  // --- Loop plans (config loop_plan) -----------------------------------------------------------
-
-  /// Tells the planner about a request and serves it from the planned arena when the plan
-  /// has a free place for it; 0 otherwise. Installs a plan the request completed. Caller holds
-  /// mu_.
-  DevicePtr planned(LiveBlock& rec, StreamId stream) {
-    if (!planner_) return 0;
-    const detail::Token token{rec.size, stream};
-    rec.seq =
-        planner_->on_allocate(token, std::size_t(stats_.allocated_bytes[int(Pool::kAll)].current));
-    DevicePtr ptr = arena_ ? arena_->place(token, planner_->window()) : 0;
-    if (ptr != 0 && !pool_.back_part(arena_->piece(ptr), ptr, rec.size, stream)) {
-      arena_->unplace(ptr);  // no memory for this part now: the pool serves it (or reclaims)
-      ptr = 0;
-    }
-    if (arena_ && arena_->quiet_visits() > checked_visits_) {  // the loop holds least now
-      checked_visits_ = arena_->quiet_visits();
-      if (arena_->trial() && !arena_->missed()) {
-        back(*arena_, stream);
-      } else if (!arena_->trial() && !trimmed_) {
-        // One whole period served by the plan: what the pool still caches is memory the loop
-        // no longer uses there (an older plan's range included, once its blocks are freed).
-        // Given back once, waiting for the streams as back() does; requests the plan does not
-        // hold take memory anew.
-        trimmed_ = true;
-        wait_and_release();
-      }
-    }
-    // A plan that missed requests stays (the cursor finds its place again) until a longer
-    // period repeats: the loop around the one planned.
-    std::size_t phase = 0;
-    if (!arena_ || arena_->missed()) {
-      if (std::optional<detail::Plan> plan = planner_->take_plan(phase)) {
-        if (arena_) retire(std::move(arena_));
-        if (plan->live_peak != 0) {  // else nothing outlives its iteration: a longer loop may
-          arena_ = std::make_unique<PlannedArena>(ctx_.backend, std::move(*plan), phase);
-          checked_visits_ = 0;
-        }
-      }
-    }
-    rec.planned = ptr != 0;
-    stats_.planned_allocations += rec.planned;
-    return ptr;
-  }
-
-  /// Waits for every pending free and every stream's freed blocks, then releases what the pool
-  /// caches (empty_cache()). Returns the bytes released. Caller holds mu_.
-  std::size_t wait_and_release() {
+  /// Caller holds mu_.
+  std::size_t wait_and_release() override {
     process_pending(true);
     pool_.synchronize();
     return pool_.release_cached();
   }
 
-  /// Puts a plan that passed its trial in use over a lazy range (BlockPool::reserve_lazy):
-  /// each part is backed when a block first lands there, with the memory the pool caches as
-  /// the loop's older blocks die, so the range never stacks on top of that cache. Caller holds
-  /// mu_.
-  void back(PlannedArena& a, StreamId stream) {
-    const std::size_t bytes = round_up(a.plan().bytes, kMinBlockSize);
-    if (pool_.segment_mode()) {
-      // A segment comes backed whole: give the cache back first (the loop holds least now).
-      pool_.synchronize();
-      pool_.release_cached();
-    }
-    Block* backing = pool_.reserve_lazy(bytes, stream);
-    if (backing == nullptr) return;
-    a.attach(backing);
-    ++stats_.loop_plans;
-    trimmed_ = false;
-  }
-
-  /// Stops placing in `a` and gives the pool every part of its range no live block uses; the
-  /// rest comes back as its blocks are freed (give_back). Caller holds mu_.
-  void retire(std::unique_ptr<PlannedArena> a) {
-    for (Block* piece : a->carve(pool_, tuning::kLoopPlanCarveMinGap)) give_back(piece, *a);
-    if (a->holds_memory()) draining_.push_back(std::move(a));
-  }
-
-  /// Frees a piece of a planned arena's backing into the pool once the work of every stream
-  /// that had blocks in the arena has finished (events, as for a record_stream free). Caller
-  /// holds mu_.
-  void give_back(Block* b, const PlannedArena& a) {
-    PendingFree pf{b->addr, LiveBlock{0, b->size, b->stream, nullptr, b, {}}, {}};
+  /// Caller holds mu_.
+  void defer_backing_free(Block* piece, std::vector<EventId> events) override {
+    PendingFree pf{piece->addr, LiveBlock{0, piece->size, piece->stream, nullptr, piece, {}},
+                   std::move(events)};
     pf.backing = true;
-    for (StreamId s : a.streams()) {
-      if (s == b->stream) continue;
-      pf.events.push_back(ctx_.backend.record_event(s));
-      ++stats_.events_recorded;
-    }
-    if (pf.events.empty())
-      pool_.deallocate(b);
-    else
-      pending_.push_back(std::move(pf));
-    trimmed_ = false;  // this range becomes cache: the next quiet point gives it back
+    pending_.push(std::move(pf));
   }
 
-  PlannedArena* arena_holding(DevicePtr ptr) const {
-    if (arena_ && arena_->contains(ptr)) return arena_.get();
-    for (const auto& a : draining_) {
-      if (a->contains(ptr)) return a.get();
-    }
-    return nullptr;
-  }
-
+  /// Finishes the pending frees whose events have completed (all of them, waiting, when
+  /// `wait`). Caller holds mu_.
   void process_pending(bool wait) {
-    for (std::size_t i = 0; i < pending_.size();) {
-      PendingFree& pf = pending_[i];
-      bool done = true;
-      for (EventId e : pf.events) {
-        if (wait) ctx_.backend.wait_event(e);
-        if (!ctx_.backend.event_completed(e)) {
-          done = false;
-          break;
-        }
-      }
-      if (!done) {
-        ++i;
-        continue;
-      }
-      for (EventId e : pf.events) ctx_.backend.release_event(e);
+    pending_.process(wait, [&](PendingFree& pf) {
       if (pf.backing)
         pool_.deallocate(pf.live.block);
       else
         finish_free(pf.ptr, pf.live);
-      pending_[i] = std::move(pending_.back());
-      pending_.pop_back();
-    }
+    });
     stats_.pending_frees = std::int64_t(pending_.size());
   }
 
@@ -634,10 +425,7 @@ class Allocator::Impl {
     ++stats_.num_alloc_retries;
     // Memory is short: a plan in use gives its range back (its live blocks' pieces once they
     // are freed). A plan on trial holds nothing and goes on learning.
-    if (arena_ && !arena_->trial()) {
-      planner_->forget();
-      retire(std::move(arena_));
-    }
+    plans_.drop_backed();
     // Frees of other threads park while this waits: a second round gives those back too.
     for (int round = 0; round < 2; ++round) {
       if (!drain_caches() && round == 1) break;
@@ -651,35 +439,12 @@ class Allocator::Impl {
   OutOfMemoryError out_of_memory(std::size_t bytes, StreamId stream) {
     ++stats_.num_ooms;
     fold_caches();
-    const int all = int(Pool::kAll);
-    const auto reserved = std::size_t(stats_.reserved_bytes[all].current);
-    const auto allocated = std::size_t(stats_.allocated_bytes[all].current);
-    std::ostringstream msg;
-    msg << "cuarena: out of memory: tried to allocate " << format_bytes(bytes) << " (" << bytes
-        << " bytes) on stream " << hex(stream) << ". Device capacity "
-        << format_bytes(ctx_.backend.capacity()) << ", limit " << format_bytes(ctx_.limit)
-        << " (per_process_memory_fraction " << config_.per_process_memory_fraction
-        << "); cuarena holds " << format_bytes(reserved) << " reserved, of which "
-        << format_bytes(allocated) << " is allocated and " << format_bytes(reserved - allocated)
-        << " is reserved but unallocated (after defragmentation). Free tensors, lower the batch "
-           "size, or raise per_process_memory_fraction.";
-    return OutOfMemoryError(msg.str(), bytes);
+    return OutOfMemoryError(detail::out_of_memory_message(bytes, stream, ctx_.backend.capacity(),
+                                                          ctx_.limit, config_, stats_),
+                            bytes);
   }
 
-  void sync_inactive() const {
-    auto set = [](Stat& s, std::int64_t value) {
-      if (value > s.current)
-        s.increase(value - s.current);
-      else if (value < s.current)
-        s.decrease(s.current - value);
-    };
-    for (int p : {int(Pool::kAll), int(Pool::kSmall), int(Pool::kLarge)}) {
-      set(stats_.inactive_split_bytes[p],
-          stats_.reserved_bytes[p].current - stats_.active_bytes[p].current);
-    }
-    set(stats_.inactive_split[int(Pool::kAll)], std::int64_t(pool_.free_block_count()));
-    set(stats_.inactive_split[int(Pool::kLarge)], std::int64_t(pool_.free_block_count()));
-  }
+  void sync_inactive() const { detail::sync_inactive(stats_, pool_.free_block_count()); }
 
   mutable std::mutex mu_;  // the device lock
   Config config_;
@@ -690,14 +455,9 @@ class Allocator::Impl {
   detail::SlabArena slabs_;
   mutable detail::LiveTable live_;
   detail::StreamCaches caches_;
-  std::vector<CachedBlock> drained_;                // drain scratch, under mu_; empty between calls
-  mutable std::vector<detail::CacheDelta> deltas_;  // fold scratch, under mu_; empty between calls
-  std::vector<PendingFree> pending_;
-  std::unique_ptr<detail::LoopPlanner> planner_;  // config loop_plan
-  std::unique_ptr<PlannedArena> arena_;           // the plan in use
-  std::vector<std::unique_ptr<PlannedArena>> draining_;
-  bool trimmed_ = false;            // the pool's cache was given back after the plan's first period
-  std::size_t checked_visits_ = 0;  // arena_->periods() at the last period boundary seen
+  mutable detail::CacheReturns returns_;  // mutable: readers fold the caches in first
+  detail::PlanServer plans_;              // config loop_plan
+  detail::PendingFrees pending_;  // after plans_: its events are released before the arenas'
 };
 
 Allocator::Allocator(DeviceBackend& backend, Config config)

@@ -22,7 +22,7 @@
 #include <optional>
 #include <vector>
 
-#include "cuarena/private_pool.hpp"
+#include "private_pool.hpp"
 #include "torch_compat.hpp"
 
 namespace cuarena::torch_adapter {

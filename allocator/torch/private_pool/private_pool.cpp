@@ -1,4 +1,4 @@
-#include "cuarena/private_pool.hpp"
+#include "private_pool.hpp"
 
 #include <algorithm>
 #include <cstdio>

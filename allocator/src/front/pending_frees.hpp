@@ -1,0 +1,74 @@
+// PendingFrees: freed blocks whose memory waits on events before it may be reused: allocations
+// other streams used (record_stream), and pieces of a retired planned arena's backing.
+//
+// Invariant: every entry's events are recorded and not yet released; an entry leaves (its
+// events released) only through process(), or the destructor.
+//
+// Locks: the allocator's device lock guards it.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "cuarena/device_backend.hpp"
+#include "front/live_table.hpp"
+
+namespace cuarena::detail {
+
+class PendingFrees {
+ public:
+  struct Entry {
+    DevicePtr ptr;
+    LiveBlock live;
+    std::vector<EventId> events;
+    bool backing = false;  ///< a retired planned arena's block, never counted as allocated
+  };
+
+  explicit PendingFrees(DeviceBackend& backend) : backend_(backend) {}
+  /// Releases the events of the entries still waiting (their memory goes with the pool).
+  ~PendingFrees();
+  PendingFrees(const PendingFrees&) = delete;
+  PendingFrees& operator=(const PendingFrees&) = delete;
+
+  /// Queues `e`, whose events the caller recorded (ownership passes here).
+  void push(Entry&& e) { entries_.push_back(std::move(e)); }
+
+  /// Calls finish(entry) for each entry whose events have all completed (waiting for each event
+  /// first when `wait`), after releasing those events, and removes it. finish may push(): an
+  /// entry pushed meanwhile is visited in the same pass; the entry passed is invalid once it
+  /// has.
+  template <class Finish>
+  void process(bool wait, Finish&& finish) {
+    for (std::size_t i = 0; i < entries_.size();) {
+      bool done = true;
+      for (EventId e : entries_[i].events) {
+        if (wait) backend_.wait_event(e);
+        if (!backend_.event_completed(e)) {
+          done = false;
+          break;
+        }
+      }
+      if (!done) {
+        ++i;
+        continue;
+      }
+      for (EventId e : entries_[i].events) backend_.release_event(e);
+      finish(entries_[i]);
+      entries_[i] = std::move(entries_.back());
+      entries_.pop_back();
+    }
+  }
+
+  bool empty() const { return entries_.empty(); }
+  std::size_t size() const { return entries_.size(); }
+  /// Entries that are a planned arena's backing.
+  std::size_t backings() const;
+  const std::vector<Entry>& entries() const { return entries_; }
+
+ private:
+  DeviceBackend& backend_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace cuarena::detail

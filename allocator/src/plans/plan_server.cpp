@@ -1,0 +1,153 @@
+#include "plans/plan_server.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "front/messages.hpp"
+#include "support/assert.hpp"
+#include "tuning.hpp"
+
+namespace cuarena::detail {
+
+PlanServer::PlanServer(Context& ctx, BlockPool& pool, Host& host)
+    : ctx_(ctx), pool_(pool), host_(host) {
+  if (ctx_.config.loop_plan)
+    planner_ = std::make_unique<LoopPlanner>(tuning::kLoopPlanMaxPeriod,
+                                             tuning::kLoopPlanCrossStreamMargin);
+}
+
+DevicePtr PlanServer::serve(LiveBlock& rec, StreamId stream) {
+  if (!planner_) return 0;
+  CUARENA_ASSERT(rec.size != 0, "a planned request needs a rounded size");
+  Stats& stats = ctx_.stats;
+  const Token token{rec.size, stream};
+  rec.seq =
+      planner_->on_allocate(token, std::size_t(stats.allocated_bytes[int(Pool::kAll)].current));
+  DevicePtr ptr = arena_ ? arena_->place(token, planner_->window()) : 0;
+  if (ptr != 0 && !pool_.back_part(arena_->piece(ptr), ptr, rec.size, stream)) {
+    arena_->unplace(ptr);  // no memory for this part now: the pool serves it (or reclaims)
+    ptr = 0;
+  }
+  if (arena_ && arena_->quiet_visits() > checked_visits_) {  // the loop holds least now
+    checked_visits_ = arena_->quiet_visits();
+    if (arena_->trial() && !arena_->missed()) {
+      back(*arena_, stream);
+    } else if (!arena_->trial() && !trimmed_) {
+      // One whole period served by the plan: what the pool still caches is memory the loop
+      // no longer uses there (an older plan's range included, once its blocks are freed).
+      // Given back once, waiting for the streams as back() does; requests the plan does not
+      // hold take memory anew.
+      trimmed_ = true;
+      host_.wait_and_release();
+    }
+  }
+  // A plan that missed requests stays (the cursor finds its place again) until a longer
+  // period repeats: the loop around the one planned.
+  std::size_t phase = 0;
+  if (!arena_ || arena_->missed()) {
+    if (std::optional<Plan> plan = planner_->take_plan(phase)) {
+      if (arena_) retire(std::move(arena_));
+      if (plan->live_peak != 0) {  // else nothing outlives its iteration: a longer loop may
+        arena_ = std::make_unique<PlannedArena>(ctx_.backend, std::move(*plan), phase);
+        checked_visits_ = 0;
+      }
+    }
+  }
+  rec.planned = ptr != 0;
+  stats.planned_allocations += rec.planned;
+  return ptr;
+}
+
+bool PlanServer::free(DevicePtr ptr, const LiveBlock& rec) {
+  if (planner_) planner_->on_free(rec.seq);
+  if (!rec.planned) return false;
+  PlannedArena* a = arena_holding(ptr);
+  CUARENA_ASSERT(a != nullptr, hex(ptr) + " planned but in no planned arena");
+  if (Block* piece = a->free(ptr)) {  // a retired arena's last block in that piece
+    give_back(piece, *a);
+    if (!a->holds_memory()) std::erase_if(draining_, [&](const auto& d) { return d.get() == a; });
+  }
+  return true;
+}
+
+void PlanServer::drop() {
+  if (!arena_) return;
+  planner_->forget();
+  retire(std::move(arena_));
+}
+
+void PlanServer::drop_backed() {
+  if (arena_ && !arena_->trial()) drop();
+}
+
+// Over a lazy range (BlockPool::reserve_lazy): each part is backed when a block first lands
+// there, with the memory the pool caches as the loop's older blocks die, so the range never
+// stacks on top of that cache.
+void PlanServer::back(PlannedArena& a, StreamId stream) {
+  const std::size_t bytes = round_up(a.plan().bytes, kMinBlockSize);
+  if (pool_.segment_mode()) {
+    // A segment comes backed whole: give the cache back first (the loop holds least now).
+    pool_.synchronize();
+    pool_.release_cached();
+  }
+  Block* backing = pool_.reserve_lazy(bytes, stream);
+  if (backing == nullptr) return;
+  a.attach(backing);
+  ++ctx_.stats.loop_plans;
+  trimmed_ = false;
+}
+
+// The rest of the range comes back as its blocks are freed (free() -> give_back()).
+void PlanServer::retire(std::unique_ptr<PlannedArena> a) {
+  for (Block* piece : a->carve(pool_, tuning::kLoopPlanCarveMinGap)) give_back(piece, *a);
+  if (a->holds_memory()) draining_.push_back(std::move(a));
+}
+
+// The streams' work is fenced by events, as for a record_stream free.
+void PlanServer::give_back(Block* piece, const PlannedArena& a) {
+  std::vector<EventId> events;
+  for (StreamId s : a.streams()) {
+    if (s == piece->stream) continue;
+    events.push_back(ctx_.backend.record_event(s));
+    ++ctx_.stats.events_recorded;
+  }
+  if (events.empty())
+    pool_.deallocate(piece);
+  else
+    host_.defer_backing_free(piece, std::move(events));
+  trimmed_ = false;  // this range becomes cache: the next quiet point gives it back
+}
+
+PlannedArena* PlanServer::arena_holding(DevicePtr ptr) const {
+  if (arena_ && arena_->contains(ptr)) return arena_.get();
+  for (const auto& a : draining_) {
+    if (a->contains(ptr)) return a.get();
+  }
+  return nullptr;
+}
+
+// A plan's range counts only where memory backs it (it is mapped as blocks first land).
+void PlanServer::free_extents(std::size_t& total, std::size_t& largest) const {
+  auto gaps = [&](const PlannedArena& a) {
+    a.for_each_gap([&](const Block* piece, DevicePtr lo, DevicePtr hi) {
+      pool_.mapped_extents(piece, lo, hi, total, largest);
+    });
+  };
+  if (arena_) gaps(*arena_);
+  for (const auto& a : draining_) gaps(*a);
+}
+
+void PlanServer::check_block(DevicePtr ptr, std::size_t size) const {
+  const PlannedArena* a = arena_holding(ptr);
+  CUARENA_CHECK(a != nullptr && a->piece(ptr) != nullptr,
+                hex(ptr) + " planned but in no planned arena");
+  CUARENA_CHECK(pool_.backed(a->piece(ptr), ptr, size), hex(ptr) + " planned, not backed");
+}
+
+void PlanServer::check_invariants() const {
+  if (arena_) arena_->check_invariants();
+  for (const auto& a : draining_) a->check_invariants();
+}
+
+}  // namespace cuarena::detail

@@ -1,0 +1,98 @@
+// PlanServer: serves requests from the installed loop plan (config loop_plan).
+//
+// It tells the LoopPlanner about every request and free, installs each plan the planner hands
+// out (on trial first, then backed over a lazy pool range: PlannedArena), serves the requests
+// the plan foresaw at their offsets, and gives a plan's range back to the pool when a longer
+// loop's plan replaces it or memory is short. Blocks it serves count in the large pool, whose
+// memory (the plan's range) they use.
+//
+// Invariants: a live block marked planned lies in the plan in use or in a retired arena still
+// holding memory (draining_); a retired arena leaves draining_ once its last piece is given
+// back.
+//
+// Locks: every call is made under the allocator's device lock.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "cuarena/types.hpp"
+#include "front/context.hpp"
+#include "front/live_table.hpp"
+#include "large/block_pool.hpp"
+#include "plans/loop_planner.hpp"
+#include "plans/planned_arena.hpp"
+
+namespace cuarena::detail {
+
+class PlanServer {
+ public:
+  /// What the server needs from the allocator around it; called under the device lock.
+  class Host {
+   public:
+    /// Frees `piece` (a planned arena's backing) into the pool once every event in `events`
+    /// (non-empty, recorded on the streams that used the arena) has completed, in order with
+    /// the allocator's other frees that wait on events. Takes ownership of the events.
+    virtual void defer_backing_free(Block* piece, std::vector<EventId> events) = 0;
+    /// Waits for every pending free and every stream's freed blocks, then releases what the
+    /// pool caches (empty_cache()). Returns the bytes released.
+    virtual std::size_t wait_and_release() = 0;
+
+   protected:
+    ~Host() = default;
+  };
+
+  /// Plans loops when ctx.config.loop_plan is set; otherwise serves nothing. `pool` and `host`
+  /// must outlive the server.
+  PlanServer(Context& ctx, BlockPool& pool, Host& host);
+  PlanServer(const PlanServer&) = delete;
+  PlanServer& operator=(const PlanServer&) = delete;
+
+  /// Tells the planner about a request of rec.size bytes (rounded, non-zero) on `stream` and
+  /// serves it from the plan in use when the plan has a free, backed place for it; returns the
+  /// address (rec.planned set, rec.seq the planner's number) or 0 to serve it elsewhere.
+  /// Installs a plan the request completed.
+  DevicePtr serve(LiveBlock& rec, StreamId stream);
+
+  /// Tells the planner `rec` (allocated at `ptr`) was freed; when it was served here
+  /// (rec.planned), frees it in its arena and returns true, else changes no memory and returns
+  /// false.
+  bool free(DevicePtr ptr, const LiveBlock& rec);
+
+  /// empty_cache(): the plan in use (if any) is forgotten and its range goes back to the pool,
+  /// but for its live blocks' pieces, which come back as those are freed.
+  void drop();
+  /// Memory is short: as drop() for a plan in use; a plan on trial holds nothing and goes on
+  /// learning.
+  void drop_backed();
+
+  /// Adds the backed runs of the planned ranges under no live block to `total`, and raises
+  /// `largest` to the longest (as BlockPool::mapped_extents). Bytes.
+  void free_extents(std::size_t& total, std::size_t& largest) const;
+  /// Throws std::logic_error unless the `size` bytes at `ptr`, a live planned block, lie in a
+  /// planned arena and are backed.
+  void check_block(DevicePtr ptr, std::size_t size) const;
+  /// Throws std::logic_error naming the first broken invariant of an arena.
+  void check_invariants() const;
+
+ private:
+  /// Puts a plan that passed its trial in use over a lazy pool range.
+  void back(PlannedArena& a, StreamId stream);
+  /// Stops placing in `a` and gives the pool every part of its range no live block uses.
+  void retire(std::unique_ptr<PlannedArena> a);
+  /// Frees a piece of `a`'s backing into the pool once every stream that used `a` is done.
+  void give_back(Block* piece, const PlannedArena& a);
+  PlannedArena* arena_holding(DevicePtr ptr) const;
+
+  Context& ctx_;
+  BlockPool& pool_;
+  Host& host_;
+  std::unique_ptr<LoopPlanner> planner_;  // null unless config loop_plan
+  std::unique_ptr<PlannedArena> arena_;   // the plan in use
+  std::vector<std::unique_ptr<PlannedArena>> draining_;
+  bool trimmed_ = false;            // the pool's cache was given back after the plan's first period
+  std::size_t checked_visits_ = 0;  // arena_->quiet_visits() at the last quiet point seen
+};
+
+}  // namespace cuarena::detail
