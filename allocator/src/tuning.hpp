@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuarena/segment_size.hpp"
 #include "cuarena/types.hpp"
 
 namespace cuarena::detail::tuning {
@@ -18,12 +19,10 @@ inline constexpr std::size_t kVaReserveFactor = 4;
 
 // --- Segment upstreams (cudaMalloc, cudaMallocAsync) -------------------------------------------
 
-/// Requests up to this size get a one-granule segment (PyTorch's kSmallSize/kSmallBuffer).
-inline constexpr std::size_t kSmallSegmentRequest = 1 * MiB;
-/// Requests under this size share a segment of kMediumSegmentGranules (PyTorch's kMinLargeAlloc
-/// and kLargeBuffer, 20 MiB at 2 MiB granules); larger ones get a segment of their own size.
-inline constexpr std::size_t kMediumSegmentRequest = 10 * MiB;
-inline constexpr std::size_t kMediumSegmentGranules = 10;
+/// PyTorch's segment sizes (cuarena/segment_size.hpp) in the backend's granules `g`: one granule
+/// for requests up to 1 MiB (slabs), ten (PyTorch's kLargeBuffer, 20 MiB at 2 MiB granules) for
+/// requests under 10 MiB, so mid-size requests share segments; larger ones their own size.
+constexpr SegmentSizeRule segment_rule(std::size_t g) { return {1 * MiB, g, 10 * MiB, 10 * g, g}; }
 
 // --- Block placement ---------------------------------------------------------------------------
 

@@ -29,8 +29,11 @@ struct ShimConfig {
 
   /// Reads the environment. Throws ConfigError naming the variable, key and position.
   static ShimConfig from_env();
-  /// Parses a CUARENA_CONF value. Throws ConfigError.
+  /// Parses a CUARENA_CONF value: the core's keys and table()'s. Throws ConfigError naming the
+  /// key and its position (parse_config).
   static ShimConfig parse(const std::string& conf);
+  /// The shim's own keys of CUARENA_CONF (config_table.hpp).
+  static const ConfigTable<ShimConfig>& table();
 };
 
 }  // namespace cuarena::shim

@@ -34,15 +34,10 @@ Block* BlockPool::new_arena(std::size_t min_size, StreamId stream) {
 }
 
 Block* BlockPool::new_segment(std::size_t min_size, StreamId stream) {
-  // PyTorch's segment sizes (CUDACachingAllocator.cpp: kSmallBuffer, kLargeBuffer): one granule
-  // for requests up to 1 MiB (slabs), ten for requests under 10 MiB, so mid-size requests share
-  // segments; larger requests get a segment of their own size. Near the limit, only the size.
+  // PyTorch's segment sizes (tuning::segment_rule); near the limit, only the size.
   const std::size_t g = ctx_.granule;
-  std::size_t bytes = min_size <= tuning::kSmallSegmentRequest ? g
-                      : min_size < tuning::kMediumSegmentRequest
-                          ? tuning::kMediumSegmentGranules * g
-                          : 0;
-  bytes = std::max(bytes, round_up(min_size, g));
+  std::size_t bytes =
+      std::max(segment_size(min_size, tuning::segment_rule(g)), round_up(min_size, g));
   if (ctx_.reserved() + bytes > ctx_.limit) bytes = round_up(min_size, g);
   if (ctx_.reserved() + bytes > ctx_.limit) return nullptr;
   std::unique_ptr<Arena> a = mappings_.allocate_segment(bytes, stream);

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuarena/segment_size.hpp"
 #include "support/assert.hpp"
 
 namespace cuarena {
@@ -47,8 +48,10 @@ PrivatePool::~PrivatePool() {
 }
 
 std::size_t PrivatePool::segment_size(std::size_t size) const {
-  if (options_.no_split || size >= options_.medium_limit) return round_up(size, options_.granule);
-  return size <= options_.small_limit ? options_.granule : options_.medium_segment;
+  const Options& o = options_;
+  if (o.no_split) return round_up(size, o.granule);
+  return cuarena::segment_size(
+      size, {o.small_limit, o.granule, o.medium_limit, o.medium_segment, o.granule});
 }
 
 void* PrivatePool::allocate(std::size_t bytes, StreamId stream) {

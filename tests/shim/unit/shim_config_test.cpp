@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "cuarena/errors.hpp"
 
@@ -79,4 +81,25 @@ TEST(ShimConfig, EnvironmentVariables) {
   for (const char* v : {"CUARENA_CONF", "CUARENA_LOG", "CUARENA_SUMMARY", "CUARENA_TRACE",
                         "CUARENA_KEEP_TORCH_CACHE"})
     unsetenv(v);
+}
+
+TEST(ShimConfig, TheShimsKeysAreATableOverTheCoresParser) {
+  ASSERT_EQ(cuarena::ConfigTarget::key_names(ShimConfig::table()),
+            (std::vector<std::string>{"memory_limit", "pending_free_bytes"}));
+  ShimConfig c;
+  c.memory_limit = std::size_t{3} << 30;
+  c.pending_free_bytes = std::size_t{2} << 20;
+  const std::string text = cuarena::config_string(ShimConfig::table(), c);
+  EXPECT_EQ(text, "memory_limit:3GiB,pending_free_bytes:2MiB");
+  const ShimConfig back = ShimConfig::parse(text);
+  EXPECT_EQ(back.memory_limit, c.memory_limit);
+  EXPECT_EQ(back.pending_free_bytes, c.pending_free_bytes);
+  try {
+    ShimConfig::parse("dormant_maps:1,pending_free_bytes:64TiB");
+    ADD_FAILURE() << "a size larger than any device was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("pending_free_bytes 64TiB at position 15"),
+              std::string::npos)
+        << e.what();
+  }
 }

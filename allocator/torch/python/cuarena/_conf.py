@@ -9,6 +9,15 @@ Both syntaxes are ``key:value,key:value``; a value may be a bracketed list conta
 (``roundup_power2_divisions:[256:1,512:2,>:4]``). Whitespace around items, keys and values is
 ignored and empty items are skipped. Positions in error messages are 0-based character indices
 of the key in the text it came from, as in cuarena's C++ parser.
+
+What the library answers and what stays here: cuarena's keys come from the library
+(``cuarena_config_keys``, passed to :func:`plan` as `cuarena_keys`) and every value is checked by
+its parser (``cuarena_config_check``, on each of :attr:`Plan.checks`), so nothing here knows a
+cuarena key's type or range. Kept here: :func:`split` (the same tokenizer as the C++
+``parse_config``) and the per-minor PyTorch key lists, because :func:`plan` must sort the items
+of PyTorch's variable into cuarena's, PyTorch's and no-effect ones and rewrite that variable for
+the installed torch minor before PyTorch reads it, and it must run (and be tested) without the
+library built or loaded.
 """
 
 from __future__ import annotations

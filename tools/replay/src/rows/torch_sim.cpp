@@ -11,18 +11,20 @@
 
 #include "cuarena/errors.hpp"
 #include "cuarena/replay/replay_loop.hpp"
+#include "cuarena/segment_size.hpp"
 
 namespace cuarena::replay {
 
 namespace {
 
 constexpr std::uint64_t kMiB = 1ull << 20;
-constexpr std::uint64_t kMinBlockSize = 512;         // every size is rounded to at least this
-constexpr std::uint64_t kSmallSize = 1 * kMiB;       // largest request of the small pool
-constexpr std::uint64_t kSmallBuffer = 2 * kMiB;     // small pool segments (and pages)
-constexpr std::uint64_t kLargeBuffer = 20 * kMiB;    // large_segment_size (and large pages)
-constexpr std::uint64_t kMinLargeAlloc = 10 * kMiB;  // requests below this share 20 MiB segments
-constexpr std::uint64_t kRoundLarge = 2 * kMiB;      // larger ones: their size in 2 MiB steps
+constexpr std::uint64_t kMinBlockSize = 512;  // every size is rounded to at least this
+// PyTorch's segment sizes (get_allocation_size): the defaults of SegmentSizeRule.
+constexpr SegmentSizeRule kTorchSegments{};
+constexpr std::uint64_t kSmallSize = kTorchSegments.small_request;     // largest small request
+constexpr std::uint64_t kSmallBuffer = kTorchSegments.small_segment;   // small segments, pages
+constexpr std::uint64_t kLargeBuffer = kTorchSegments.medium_segment;  // large_segment_size
+constexpr std::uint64_t kRoundLarge = kTorchSegments.granule;          // large segments' step
 constexpr std::uint64_t kAddressBase = 0x7f0000000000ull;
 
 bool all_digits(const std::string& t) {
@@ -198,9 +200,7 @@ std::uint64_t torch_round_size(std::uint64_t size, const TorchConf& conf) {
 }
 
 std::uint64_t torch_allocation_size(std::uint64_t rounded) {
-  if (rounded <= kSmallSize) return kSmallBuffer;
-  if (rounded < kMinLargeAlloc) return kLargeBuffer;
-  return round_up(rounded, kRoundLarge);
+  return segment_size(rounded, kTorchSegments);
 }
 
 // ---- The allocator's state ----
