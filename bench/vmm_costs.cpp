@@ -1,7 +1,8 @@
 // vmm_costs: what each CUDA virtual-memory driver call costs on this GPU, per call, for one
 // physical handle of 1..1024 granules, against one cuMemAlloc/cuMemFree of the same size.
-// The figures decide how cuarena's VMM backend should size its physical chunks (see
-// allocator/README.md). Run on a GPU machine: build-gpu/bin/cuarena_vmm_costs
+// The figures decide how cuarena's VMM backend should size its physical chunks (the design:
+// allocator/README.md; the figures: docs/results.md). Run on a GPU machine:
+// build-gpu/bin/cuarena_vmm_costs
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 

@@ -34,16 +34,16 @@ inline constexpr int kBackedFitCandidates = 8;
 /// Placing whole chunks (the default until it turns memory-first), cached memory allowed on top
 /// of the peak of allocated bytes before a miss steals cached granules instead of growing
 /// (Config::cache_slack, when larger, wins). Stealing moves memory a granule at a time, a map
-/// call each, and stitching a request from stolen granules left holes that later grew: over the
-/// bundled traces 0.02 held less memory on bert, moe, resnet and llm, and made fewer driver
-/// calls on most (docs/results.md, 2026-12-03 (08:30 UTC)).
+/// call each, and stitching a request from stolen granules left holes that later grew: a small
+/// slack held less memory on most bundled traces, and made fewer driver calls
+/// (docs/results.md).
 inline constexpr double kWholeChunkCacheSlack = 0.02;
 
 // --- Loop plans (config loop_plan) -------------------------------------------------------------
 
 /// Longest loop, in requests, the planner learns: its history holds twice this many
-/// (~40 B each). A pass of a bundled training or inference trace has 2.5k-60k; LLM generation
-/// with a growing KV cache (a million a pass) is planned only in its repeated decode steps.
+/// (~40 B each). A pass of a bundled training or inference trace is far shorter; LLM generation
+/// with a growing KV cache (far longer) is planned only in its repeated decode steps.
 inline constexpr std::size_t kLoopPlanMaxPeriod = std::size_t{1} << 17;
 /// Events (allocations and frees) between a free on one stream and a planned reuse of its
 /// bytes on another: the event recorded at the free has had that long to complete. A block
@@ -59,8 +59,8 @@ inline constexpr std::size_t kLoopPlanCarveMinGap = 2 * MiB;
 /// granule that could not move as freely.
 inline constexpr std::size_t kMinWholeRunGranules = 2;
 /// A whole chunk is at most 1/kWholeChunkReservedShare of the memory already reserved: a chunk
-/// partly under a live block cannot move, so a small workload gets small chunks (simulated
-/// bert_varlen_infer: reserved_ratio 1.35 without the rule, 1.22 with it).
+/// partly under a live block cannot move, so a small workload gets small chunks, which strand
+/// less memory (docs/results.md).
 inline constexpr std::size_t kWholeChunkReservedShare = 16;
 /// ... but the share never caps a chunk below this, so the first chunks of a process are not a
 /// few granules each (one driver call per chunk is what whole chunks save).
@@ -73,8 +73,8 @@ inline constexpr double kMemoryFirstTurnBackShare = 0.5;
 // --- Driver calls ------------------------------------------------------------------------------
 
 /// Holes of one request further apart than this many granules get separate access grants: a
-/// grant's cost barely grows with its size (~40 us for 2 MiB, ~85 us for 2 GiB on an H200), but
-/// a grant over a long stretch of other mappings costs per mapping it spans.
+/// grant's cost barely grows with its size, but a grant over a long stretch of other mappings
+/// costs per mapping it spans (docs/results.md).
 inline constexpr std::size_t kMaxAccessGapGranules = 64;
 
 // --- Streams -----------------------------------------------------------------------------------

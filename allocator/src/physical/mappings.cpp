@@ -260,8 +260,8 @@ bool Mappings::create_fresh(const std::vector<std::size_t>& holes,
   };
   // A run longer than whole_chunk_max, or than 1/16 of the memory already reserved (but at
   // least 32 MiB), becomes equal pieces: a chunk partly under a live block cannot move, so
-  // smaller pieces strand less memory, and a small workload gets small chunks (sim
-  // bert_varlen_infer: 1.35 -> 1.22).
+  // smaller pieces strand less memory, and a small workload gets small chunks
+  // (docs/results.md).
   std::size_t cap = ctx_.config.whole_chunk_max == 0 ? SIZE_MAX : ctx_.config.whole_chunk_max;
   cap = std::min(
       cap, std::max(tuning::kWholeChunkMinCap, ctx_.reserved() / tuning::kWholeChunkReservedShare));
@@ -291,8 +291,8 @@ void Mappings::map_granules(Arena& a, const std::vector<std::size_t>& granules,
   // One map call per run of consecutive virtual granules backed by consecutive granules of one
   // chunk, and one access grant over several runs: `granules` are the holes of one request's
   // range, so every granule between two of them is mapped already, by mappings lying wholly
-  // between them. A grant's cost barely grows with its size (~40 us for 2 MiB, ~85 us for
-  // 2 GiB on an H200), so runs far apart get their own.
+  // between them. A grant's cost follows the mappings it spans more than its bytes
+  // (docs/results.md), so runs far apart get their own.
   std::size_t span_begin = 0, span_end = 0;  // granules of the pending grant; empty if equal
   auto grant = [&] {
     if (span_end == span_begin) return;

@@ -100,7 +100,7 @@ void SlabArena::deallocate(Slab* s, DevicePtr ptr) {
   --s->used;
   if (s->used == 0) {
     // Empty: its block goes back to the pool at once, where any size can reuse the memory
-    // (caching one empty slab per class cost bert_varlen_infer 9% of its peak).
+    // (caching one empty slab per class raised peak memory: docs/results.md).
     if (!was_full) cs.partial.erase(s);
     release(s);
     return;

@@ -1,8 +1,8 @@
 // NodeCache and CachedAllocator: recycled nodes for the pool's node-based indexes (std::set,
 // std::map) and its Block objects. Nearly every free and request erases and inserts index nodes
-// and splits or merges blocks; taking a node back from a free list instead of malloc/free cut
-// about a fifth of the pool's free path (callgrind, docs/results.md, 2026-12-03). Nodes are never
-// returned to malloc before the cache goes.
+// and splits or merges blocks; taking a node back from a free list instead of malloc/free makes
+// the pool's free path markedly cheaper (docs/results.md). Nodes are never returned to malloc
+// before the cache goes.
 //
 // Not thread-safe: the pool is used under its allocator's lock. A cache serves one node size
 // (the first it is asked for); another size, or an array, goes to operator new.
