@@ -6,9 +6,9 @@
 #   .deps/wheels/     the librmm-cu13 and rapids-logger wheels for the replay's rmm-pool /
 #                     rmm-arena rows (tools/replay/README.md): librmm-cu13 26.10, the version the
 #                     README's results were measured with, and the rapids-logger version its
-#                     metadata asks for (0.3.*). Fetched 2026-12-01: 4.5 + 0.3 MiB, the .debs
-#                     1.6 MiB, 6.4 MiB in all (the GPU machine receives at most 64 MiB with the
-#                     repository, which is about 2.5 MiB). --no-rmm leaves the wheels out.
+#                     metadata asks for (0.3.*). They and the .debs are a few MiB, well inside
+#                     the 64 MiB the GPU machine receives with the repository. --no-rmm leaves
+#                     the wheels out.
 #
 # Run it on a machine with network access (Debian's apt for the .debs, PyPI for the wheels), from
 # anywhere in the repository:

@@ -31,14 +31,13 @@
 #                       (tests/shim/jobs under pytest, CUARENA_SHIM_JOBS_REQUIRED=1: a missing
 #                       framework fails) and shim_bench (bench/shim/compare.py, its results in
 #                       $OUT/shim); the last two are skipped where their files are absent.
-#                       shim_programs took about 30 s on the H200 (2026-12-01, 25 cases). The
-#                       build for this part makes only shim_gpu and the cuarena CLI;
+#                       The build for this part makes only shim_gpu and the cuarena CLI;
 #                       CUARENA_SHIM_GROUPS="programs jobs" runs only those steps
 # Unset runs everything (part 1, the shim, the training comparison, the whole PyTorch suite,
 # part 2).
-# On the H200 (2026-12-01) the PyTorch suite took 110 s (41 tests; a fresh process per scenario,
-# torch.compile 18 s) and the training comparison 205 s (9 runs of 11-32 s), too much to add to
-# part 1 beside its build.
+# The PyTorch suite (a fresh process per scenario, torch.compile among them) and the training
+# comparison (nine training runs) each take minutes: too much to add to part 1 beside its build
+# (timings in docs/results.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-test-out}

@@ -37,22 +37,22 @@ struct Config {
   /// first steals cached free granules (defragmentation). 0 (default): always reuse first.
   double defrag_threshold = 0.0;
   /// Cached memory allowed on top of the peak of allocated bytes before a miss reuses cached
-  /// granules instead of growing (0.05: up to 5% more memory, far fewer granule moves, each of
-  /// which costs ~65 us on an H200). 0 (default): reuse first, always, when memory-first; placing
-  /// whole chunks (the default until it turns memory-first), the slack is at least 2%
+  /// granules instead of growing (0.05: up to 5% more memory, far fewer granule moves, each a
+  /// driver call; costs in docs/results.md). 0 (default): reuse first, always, when memory-first;
+  /// placing whole chunks (the default until it turns memory-first), the slack is at least 2%
   /// (tuning::kWholeChunkCacheSlack).
   double cache_slack = 0.0;
   /// Fresh physical memory for a run of at least this many bytes of one request is created as
-  /// whole chunks: one cuMemCreate handle each, so one create/map/set-access call (~55 us on an
-  /// H200) instead of one per 2 MiB granule. A whole chunk moves only as one piece, so it strands
+  /// whole chunks: one cuMemCreate handle each, so one create/map/set-access call instead of one
+  /// per 2 MiB granule. A whole chunk moves only as one piece, so it strands
   /// memory where a live block covers part of it (see whole_chunk_max). 0: every granule is its
   /// own handle (memory first: granules move singly, at one driver call each).
   std::size_t whole_chunk_min = std::size_t{4} << 20;
   /// Largest whole chunk, in bytes (also at most 1/16 of the memory already reserved, when that
   /// is over 32 MiB): a longer
   /// run is cut into equal chunks no larger. A whole chunk partly under a live block cannot
-  /// move, so smaller chunks strand less memory; each costs one more create/map/set-access
-  /// (~55 us on an H200). 0: only the 1/16 rule.
+  /// move, so smaller chunks strand less memory; each costs one more create/map/set-access call.
+  /// 0: only the 1/16 rule.
   std::size_t whole_chunk_max = std::size_t{128} << 20;
   /// When reserved memory is to pass this fraction of the limit (memory is short), the large
   /// pool turns memory-first, as whole_chunk_min:0 places from the start: fresh memory comes as
@@ -96,8 +96,8 @@ struct Config {
   /// move out of owned blocks too. So whether a free has been seen to complete yet (the device's
   /// lag) barely moves the layout: less memory, steadier across lags. kOwnFirst: the stream's
   /// own blocks (kept fully mapped) first, shared ones after a miss, and the sharing of
-  /// completed frees left to the next request: fewer instructions per call (10-50% fewer
-  /// over the bundled traces' replays), more memory and a layout that moves with the lag. Memory
+  /// completed frees left to the next request: fewer instructions per call (docs/results.md),
+  /// more memory and a layout that moves with the lag. Memory
   /// first (whole_chunk_min:0) always places unified.
   Placement placement = Placement::kUnified;
   /// Which device upstream serves physical memory: vmm (mapping), async (cudaMallocAsync

@@ -63,8 +63,8 @@ class DeviceBackend {
   virtual void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) = 0;
 
   /// As map(), but the range is not yet accessible: the caller grants access with set_access()
-  /// before handing it out, so one grant can cover several runs (cuMemSetAccess costs ~40 us a
-  /// call on an H200, whatever the size). The default maps with access (set_access is then a
+  /// before handing it out, so one grant can cover several runs (cuMemSetAccess costs the same
+  /// whatever the size: docs/results.md). The default maps with access (set_access is then a
   /// no-op).
   virtual void map_no_access(DevicePtr va, std::size_t bytes, PhysHandle chunk,
                              std::size_t offset) {

@@ -229,9 +229,9 @@ void CudaVmmBackend::map_runs(DevicePtr va, std::size_t bytes, PhysHandle chunk,
 
 void CudaVmmBackend::unmap(DevicePtr va, std::size_t bytes) {
   Impl& m = *impl_;
-  // One cuMemUnmap may span several whole mappings (measured on the H200, driver 580: 8
-  // granules mapped one by one unmap in 2.5 us with one call, 117 us with eight), but must not
-  // cut one: check that no whole chunk's mapping sticks out, then unmap the range at once.
+  // One cuMemUnmap may span several whole mappings (far cheaper than one call each:
+  // docs/results.md), but must not cut one: check that no whole chunk's mapping sticks out, then
+  // unmap the range at once.
   for (std::size_t done = 0; done < bytes;) {
     std::size_t len = m.granule;
     if (auto it = m.whole_maps.find(va + done); it != m.whole_maps.end()) {
