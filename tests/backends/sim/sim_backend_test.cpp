@@ -40,6 +40,10 @@ TEST(SimBackend, CatchesCallerBugs) {
   EXPECT_THROW(sim.map(va + 64 * MiB, 2 * MiB, h, 0), std::logic_error);  // not reserved
   EXPECT_THROW(sim.release_address(va, 8 * MiB), std::logic_error);       // still mapped
   EXPECT_THROW(sim.event_completed(12345), std::logic_error);
+  SimBackend::Options o = sim_options();
+  o.segments = true;
+  SimBackend segments(o);
+  EXPECT_THROW(segments.free_segment(12345, 2 * MiB), std::logic_error);  // not a live segment
 }
 
 TEST(SimBackend, AWholeChunkMapsAndUnmapsOnlyWhole) {

@@ -1,5 +1,5 @@
 // LoopPlanner and pack_cyclic: the plan a repeating loop gets. (The allocator serving plans is
-// tested in randomized_test.cpp's RandomizedLoopPlan tests.)
+// tested in randomized_invariants_test.cpp's RandomizedLoopPlan tests.)
 #include "plans/loop_planner.hpp"
 
 #include <gtest/gtest.h>

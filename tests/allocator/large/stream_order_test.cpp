@@ -70,22 +70,6 @@ bool share(const std::set<std::pair<PhysHandle, std::size_t>>& a,
 
 constexpr std::uint64_t kSlow = 1000;  // event latency in ticks: the device lags far behind
 
-TEST(StreamOrder, OtherStreamWaitsForTheEvent) {
-  SimBackend sim(sim_options(1 * GiB, kSlow));
-  Allocator a(sim, Config::parse("small_limit:512"));
-  void* p = a.allocate(8 * MiB, 1);
-  a.deallocate(p);
-  void* q = a.allocate(8 * MiB, 2);
-  EXPECT_NE(q, p) << "stream 2 reused stream 1's block before its event completed";
-  sim.advance(kSlow);
-  void* r = a.allocate(8 * MiB, 2);
-  EXPECT_EQ(r, p) << "after the event completed stream 2 should reuse the block";
-  EXPECT_EQ(a.stats().cross_stream_reuses, 1);
-  a.deallocate(q);
-  a.deallocate(r);
-  a.check_invariants();
-}
-
 TEST(StreamOrder, SmallBlocksStayWithTheirStream) {
   SimBackend sim(sim_options(1 * GiB, kSlow));
   Allocator a(sim);

@@ -124,7 +124,7 @@ TEST(CrossStreamFree, TheLastResortWaitReusesAHeldBlock) {
 
 // The bundled traces: only vit_multistream (18 side-stream frees) and the record_stream edge
 // trace (1) have deferred free_completed events. Every free is replayed and nothing runs out of
-// memory; cuarena's own figures are held to its targets in policy_targets_test.cpp.
+// memory; cuarena's own figures are held to its targets in memory_targets_test.cpp.
 struct Deferred {
   const char* file;
   std::size_t deferred;
