@@ -2,6 +2,21 @@
 // blocks, idle whole chunks, the stream's own free memory, idle and fresh granules) and the
 // steps that need blocks: which free block holds a granule, defragmenting free blocks,
 // aliasing the stream's own. The steps that need none are the mappings layer's (mappings.cpp).
+//
+// Physical memory (PhysicalPool) is never created while it can be found: a request first takes
+// back its own dormant mappings whose granules are idle; past the defrag threshold it takes
+// cached granules of shared blocks (oldest freed first); idle whole chunks back the runs of
+// holes they fit; still short past the threshold, it aliases granules of its own stream's free
+// blocks (retiring them: stream order makes that safe without waiting; the old mapping goes
+// when a sweep shows the stream's earlier work done); then idle granules; and only then are
+// chunks created (ensure_mapped). Mapping reclaimed granules under a fresh virtual range is
+// GMLake's stitching (Guo et al., ASPLOS 2024).
+//
+// Dormant mappings (config dormant_maps): defragmenting a granule or dropping a retired alias
+// leaves its mapping in place, dormant, instead of unmapping it. Only shared free blocks hold
+// dormant granules (like unmapped ones, they count as holes). A request over a dormant granule
+// whose physical granule is idle takes it back with no driver call, so a repeating workload
+// stops paying for map/unmap once every layout it uses has been mapped once.
 #include <algorithm>
 
 #include "large/block_pool.hpp"
@@ -28,6 +43,33 @@ const Block* BlockPool::active_holder(PhysRef p) const {
   for (std::size_t k = e.first + 1; k < e.first + e.count && !b->shared; ++k)
     if (!finished(a, k)) return nullptr;
   return b;
+}
+
+bool BlockPool::finished(const Arena& a, std::size_t g) const {
+  const Arena::FreeStamp st = a.stamp(g);
+  if (st.seq == 0) return true;
+  const StreamPool* sp = index_.find_stream(st.stream);
+  return sp != nullptr && st.seq <= sp->done;
+}
+
+std::size_t BlockPool::missing_granules(const Block* b, std::size_t size, std::size_t limit,
+                                        std::size_t* unmapped) const {
+  if (segments_) return 0;  // (a segment is backed whole: nothing unmapped either)
+  const Arena& a = *b->arena;
+  std::size_t first = 0, last = 0;
+  a.covering(b->addr, size, first, last);
+  std::size_t missing = 0;
+  for (std::size_t g = a.next_inactive(first, last); g < last && missing < limit;
+       g = a.next_inactive(g + 1, last)) {
+    if (unmapped != nullptr) ++*unmapped;
+    bool back = false;  // a dormant granule that comes back with no driver call
+    if (a.is_dormant(g)) {
+      const PhysRef p = a.phys(g);
+      back = mappings_.idle(p) || active_holder(p) != nullptr;
+    }
+    missing += !back;
+  }
+  return missing;
 }
 
 bool BlockPool::ensure_mapped(Block* b, DevicePtr addr, std::size_t size, StreamId stream) {

@@ -98,7 +98,7 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if (b == nullptr) b = new_arena(size, stream);
   if (b == nullptr) return nullptr;  // a segment backend refused
   // Detach b (marked allocated) before anything can coalesce it away, and split off the
-  // remainder first, so its cached granules can be stolen for this very request.
+  // remainder first, so its cached granules can be defragmented for this very request.
   const bool was_shared = b->shared;
   const bool was_warm = Lru::contains(b);
   Block* fifo_pos = was_shared ? nullptr : Fifo::next(b);
@@ -120,26 +120,6 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   b->used = true;
   b->stream = stream;
   return b;
-}
-
-std::size_t BlockPool::missing_granules(const Block* b, std::size_t size, std::size_t limit,
-                                        std::size_t* unmapped) const {
-  if (segments_) return 0;  // (a segment is backed whole: nothing unmapped either)
-  const Arena& a = *b->arena;
-  std::size_t first = 0, last = 0;
-  a.covering(b->addr, size, first, last);
-  std::size_t missing = 0;
-  for (std::size_t g = a.next_inactive(first, last); g < last && missing < limit;
-       g = a.next_inactive(g + 1, last)) {
-    if (unmapped != nullptr) ++*unmapped;
-    bool back = false;  // a dormant granule that comes back with no driver call
-    if (a.is_dormant(g)) {
-      const PhysRef p = a.phys(g);
-      back = mappings_.idle(p) || active_holder(p) != nullptr;
-    }
-    missing += !back;
-  }
-  return missing;
 }
 
 void BlockPool::deallocate(Block* b) {
@@ -229,13 +209,6 @@ void BlockPool::stamp(const Block* b) {
   std::size_t first = 0, last = 0;
   b->arena->covering(b->addr, b->size, first, last);
   b->arena->stamp(first, last, {b->stream, b->free_seq});
-}
-
-bool BlockPool::finished(const Arena& a, std::size_t g) const {
-  const Arena::FreeStamp st = a.stamp(g);
-  if (st.seq == 0) return true;
-  const StreamPool* sp = index_.find_stream(st.stream);
-  return sp != nullptr && st.seq <= sp->done;
 }
 
 void BlockPool::turn_memory_first() {

@@ -12,20 +12,7 @@
 // granules may be unmapped at once to back another request (defragmentation); placed unified,
 // so may the finished granules of an owned block that absorbed shared memory.
 //
-// Physical memory (PhysicalPool) is never created while it can be found: a request first takes
-// back its own dormant mappings whose granules are idle; past the defrag threshold it takes
-// cached granules of shared blocks (oldest freed first); idle whole chunks back the runs of
-// holes they fit; still short past the threshold, it aliases granules of its own stream's free
-// blocks (retiring them: stream order makes that safe without waiting; the old mapping goes
-// when a sweep shows the stream's earlier work done); then idle granules; and only then are
-// chunks created (block_backing.cpp). Mapping reclaimed granules under a fresh virtual range is
-// GMLake's stitching (Guo et al., ASPLOS 2024).
-//
-// Dormant mappings (config dormant_maps): defragmenting a granule or dropping a retired alias
-// leaves its mapping in place, dormant, instead of unmapping it. Only shared free blocks hold
-// dormant granules (like unmapped ones, they count as holes). A request over a dormant granule
-// whose physical granule is idle takes it back with no driver call, so a repeating workload
-// stops paying for map/unmap once every layout it uses has been mapped once.
+// How a request is backed, and dormant mappings: block_backing.cpp.
 //
 // Segment mode (a backend without mapping: cudaMalloc, cudaMallocAsync): each arena is one
 // segment, backed whole while it exists; nothing is defragmented or aliased, and whole free
@@ -69,8 +56,8 @@ class BlockPool {
 
   /// An allocated block of `size` bytes (a multiple of 512) at the start of fresh address
   /// space, with no memory: its user backs the parts it uses with back_part(), and memory comes
-  /// as it would for any request (dormant mappings, idle or stolen granules, then new ones), so
-  /// the range never holds memory for parts not yet used. A segment backend cannot map part of
+  /// as it would for any request (dormant mappings, idle or defragmented granules, then new ones),
+  /// so the range never holds memory for parts not yet used. A segment backend cannot map part of
   /// a range: there the block comes backed whole (try_allocate). Returns nullptr as
   /// try_allocate() does; throws BackendError.
   Block* reserve_lazy(std::size_t size, StreamId stream);
@@ -91,16 +78,6 @@ class BlockPool {
   void poll_sweeps() { sharing_.poll_sweeps(); }
   /// Blocks until every stream's free and retired blocks are shared (out-of-memory path).
   void synchronize() { sharing_.synchronize(); }
-  /// Turns the pool memory-first (as whole_chunk_min:0): no new whole chunks, and unified
-  /// placement if it was own-first. For a pool that ran short of memory: fewer bytes for more
-  /// driver calls. It stays so until release_cached() leaves it holding less than half of where
-  /// it turned. A no-op in segment mode or when already memory-first.
-  void turn_memory_first();
-  /// True while turn_memory_first() would change something: a mapping pool with whole chunks
-  /// that has not turned.
-  bool can_turn_memory_first() const {
-    return !turned_ && !segments_ && ctx_.config.whole_chunk_min != 0;
-  }
 
   /// Unmaps every cached granule of shared blocks and releases idle chunks (segment mode: frees
   /// every wholly free shared segment, then trims the upstream). Returns bytes released.
@@ -138,6 +115,16 @@ class BlockPool {
   Breakdown breakdown() const;
 
  private:
+  /// Turns the pool memory-first (as whole_chunk_min:0): no new whole chunks, and unified
+  /// placement if it was own-first. For a pool that ran short of memory: fewer bytes for more
+  /// driver calls. It stays so until release_cached() leaves it holding less than half of where
+  /// it turned. A no-op in segment mode or when already memory-first.
+  void turn_memory_first();
+  /// True while turn_memory_first() would change something: a mapping pool with whole chunks
+  /// that has not turned.
+  bool can_turn_memory_first() const {
+    return !turned_ && !segments_ && ctx_.config.whole_chunk_min != 0;
+  }
   /// Walks [lo, hi) of `a` granule by granule: mapped bytes extend `run` and `total`, an
   /// unmapped granule ends the run (raising `largest`).
   static void scan_mapped(const Arena& a, DevicePtr lo, DevicePtr hi, std::size_t& run,

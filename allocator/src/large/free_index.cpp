@@ -81,7 +81,8 @@ void FreeIndex::insert(Block* b, Block* fifo_pos, bool warm) {
   ++free_blocks_;
   sp.free.insert(b);
   sp.fifo.insert_before(fifo_pos, b);
-  // Placed unified, it may hold finished granules (of a shared block it absorbed): steal() looks.
+  // Placed unified, it may hold finished granules (of a shared block it absorbed): defragmentation
+  // looks.
   if (unified_ && warm) warm_.insert_before(warm_before_, b);
 }
 

@@ -60,7 +60,7 @@ struct Block {
   bool addressed = false;      ///< has its entry in FreeIndex's address index
   std::uint64_t free_seq = 0;  ///< owner stream's free sequence number at free/retire time
   Link<Block> fifo;            ///< owner's FIFO (owned free) or retired list
-  Link<Block> lru;             ///< warm (free blocks that may hold stealable granules)
+  Link<Block> lru;             ///< warm (free blocks that may hold granules to defragment)
   DevicePtr end() const { return addr + size; }
   bool is_free() const { return !allocated && !retired; }
 };
@@ -180,7 +180,7 @@ class FreeIndex {
     auto it = free_by_addr_.upper_bound(at);
     return it == free_by_addr_.begin() ? nullptr : std::prev(it)->second;
   }
-  /// LRU of free blocks that may hold stealable granules: front = freed longest ago.
+  /// LRU of free blocks that may hold granules to defragment: front = freed longest ago.
   Lru& warm() { return warm_; }
   const Lru& warm() const { return warm_; }
   /// Where insert() puts blocks in warm() (null: the back). Sharing sets it while settling.

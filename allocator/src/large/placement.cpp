@@ -84,8 +84,8 @@ class OwnFirstPlacement final : public BlockPlacement {
     if (b != nullptr) return b;
     // No own block fits, so best fit sees only the shared ones: among the few smallest, the one
     // missing fewest granules (best fit by size alone would often pick a block whose granules
-    // were stolen over a slightly larger one still backed, and stealing for it moves memory
-    // every iteration).
+    // were taken by defragmentation over a slightly larger one still backed, and defragmenting
+    // for it moves memory every iteration).
     return best_fit(sp.free, index_.shared(), size, missing_, mapped);
   }
   /// Owned blocks stay fully mapped: they take in no shared (possibly unmapped) memory.

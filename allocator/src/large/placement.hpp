@@ -3,7 +3,7 @@
 //   * unified (the default, and always when memory-first): an owned block absorbs the shared
 //     neighbours its stream used last, so its free space stays in one piece whenever its sweeps
 //     complete, and placement is one best fit over the stream's own and the shared blocks. Owned
-//     blocks may then lack granules, are addressed, stamped and stealable once finished
+//     blocks may then lack granules, are addressed, stamped, and defragmented once finished
 //     (FreeIndex::unified(), Arena::FreeStamp). Less memory, steadier across device lags.
 //   * own_first: owned blocks stay fully mapped and are tried first, for fewer instructions.
 // The pool holds one of each and uses the one its mode says (it turns unified when it turns
