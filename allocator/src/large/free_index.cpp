@@ -153,6 +153,9 @@ void FreeIndex::check_invariants(const Block* detached) const {
   std::size_t indexed = shared_free_.size();
   for (const auto& [id, sp] : streams_) {
     indexed += sp.free.size();
+    // Mid-operation (a detached block) the order may lag: a request that failed puts its
+    // owned block back at the FIFO's back with its old free number until the retry shares it.
+    if (detached != nullptr) continue;
     for (const Fifo* list : {&sp.fifo, &sp.retired}) {
       std::uint64_t last_seq = 0;
       for (const Block* b = list->front(); b != nullptr; b = Fifo::next(b)) {

@@ -225,7 +225,11 @@ Block* FreeIndex::coalesce(Block* b, Owes&& owes, Absorbs&& absorbs, Prepare&& p
                           "coalesce: the block must be free and detached");
   // Nested calls (prepare() settling) meet the outer call's block detached: they skip the check.
   if (coalescing_ == 0) CUARENA_EXPENSIVE(check_invariants(b));
-  ++coalescing_;
+  struct Depth {  // restored on a throw from prepare() too
+    int& n;
+    explicit Depth(int& depth) : n(++depth) {}
+    ~Depth() { --n; }
+  } depth(coalescing_);
   const bool owned = !b->shared && !b->retired;
   const StreamId stream = b->stream;
   auto absorbable = [&](const Block* n) {
@@ -256,7 +260,6 @@ Block* FreeIndex::coalesce(Block* b, Owes&& owes, Absorbs&& absorbs, Prepare&& p
     }
   }
   if (crossed) b->free_seq = this->stream(stream).seq;  // b was the stream's newest free
-  --coalescing_;
   return b;
 }
 
