@@ -1,7 +1,22 @@
 // Backing a request: ensure_mapped's search order (dormant mappings, cached granules of shared
 // blocks, idle whole chunks, the stream's own free memory, idle and fresh granules) and the
-// steps that need blocks: which free block holds a granule, stealing from shared blocks,
+// steps that need blocks: which free block holds a granule, defragmenting free blocks,
 // aliasing the stream's own. The steps that need none are the mappings layer's (mappings.cpp).
+//
+// Physical memory (PhysicalPool) is never created while it can be found: a request first takes
+// back its own dormant mappings whose granules are idle; past the defrag threshold it takes
+// cached granules of shared blocks (oldest freed first); idle whole chunks back the runs of
+// holes they fit; still short past the threshold, it aliases granules of its own stream's free
+// blocks (retiring them: stream order makes that safe without waiting; the old mapping goes
+// when a sweep shows the stream's earlier work done); then idle granules; and only then are
+// chunks created (ensure_mapped). Mapping reclaimed granules under a fresh virtual range is
+// GMLake's stitching (Guo et al., ASPLOS 2024).
+//
+// Dormant mappings (config dormant_maps): defragmenting a granule or dropping a retired alias
+// leaves its mapping in place, dormant, instead of unmapping it. Only shared free blocks hold
+// dormant granules (like unmapped ones, they count as holes). A request over a dormant granule
+// whose physical granule is idle takes it back with no driver call, so a repeating workload
+// stops paying for map/unmap once every layout it uses has been mapped once.
 #include <algorithm>
 
 #include "large/block_pool.hpp"
@@ -9,17 +24,10 @@
 
 namespace cuarena::detail {
 
-namespace {
-using Fifo = IntrusiveList<Block, &Block::fifo>;
-using Lru = IntrusiveList<Block, &Block::lru>;
-}  // namespace
-
 const Block* BlockPool::free_holder(const Arena& a, std::size_t g) const {
   const DevicePtr at = a.granule_addr(g);
-  auto it = free_by_addr_.upper_bound(at);
-  if (it == free_by_addr_.begin()) return nullptr;
-  const Block* b = std::prev(it)->second;
-  if (b->arena != &a || b->end() < at + ctx_.granule) return nullptr;
+  const Block* b = index_.addressed_at_or_below(at);
+  if (b == nullptr || b->arena != &a || b->end() < at + ctx_.granule) return nullptr;
   return b->shared || finished(a, g) ? b : nullptr;
 }
 
@@ -37,28 +45,55 @@ const Block* BlockPool::active_holder(PhysRef p) const {
   return b;
 }
 
+bool BlockPool::finished(const Arena& a, std::size_t g) const {
+  const Arena::FreeStamp st = a.stamp(g);
+  if (st.seq == 0) return true;
+  const StreamPool* sp = index_.find_stream(st.stream);
+  return sp != nullptr && st.seq <= sp->done;
+}
+
+std::size_t BlockPool::missing_granules(const Block* b, std::size_t size, std::size_t limit,
+                                        std::size_t* unmapped) const {
+  if (segments_) return 0;  // (a segment is backed whole: nothing unmapped either)
+  const Arena& a = *b->arena;
+  std::size_t first = 0, last = 0;
+  a.covering(b->addr, size, first, last);
+  std::size_t missing = 0;
+  for (std::size_t g = a.next_inactive(first, last); g < last && missing < limit;
+       g = a.next_inactive(g + 1, last)) {
+    if (unmapped != nullptr) ++*unmapped;
+    bool back = false;  // a dormant granule that comes back with no driver call
+    if (a.is_dormant(g)) {
+      const PhysRef p = a.phys(g);
+      back = mappings_.idle(p) || active_holder(p) != nullptr;
+    }
+    missing += !back;
+  }
+  return missing;
+}
+
 bool BlockPool::ensure_mapped(Block* b, DevicePtr addr, std::size_t size, StreamId stream) {
   // b is detached (or allocated), so blocks that sweeps finishing on the way share cannot
   // coalesce it away. Memory is never created while it can be found:
   Backing r = holes_of(b, addr, size);
   // 1. The range's own dormant mappings, where their physical granules are free (no call).
   if (take_back_dormant(b, r)) return true;
-  // 2. Past the soft limit, cached granules of shared free blocks, stolen oldest first.
-  const std::size_t soft = soft_limit();
-  if (ctx_.reserved() + shortfall(r, mappings_.idle_granules()) > soft && reuse_cached(b, r))
+  // 2. Past the defrag threshold, cached granules of free blocks, taken oldest freed first.
+  const std::size_t threshold = defrag_threshold();
+  if (ctx_.reserved() + shortfall(r, mappings_.idle_granules()) > threshold && defrag(b, r))
     return true;
   // Growing past whole_chunk_fraction of the limit: memory is short, so from now on it goes
-  // memory-first (fewer bytes for more driver calls; measured: docs/results.md).
+  // memory-first (fewer bytes for more driver calls; docs/results.md).
   if (can_turn_memory_first() && ctx_.config.whole_chunk_fraction < 1.0 &&
       double(ctx_.reserved() + shortfall(r, mappings_.idle_granules())) >
           ctx_.config.whole_chunk_fraction * double(ctx_.limit))
     turn_memory_first();
   // 3. Idle whole chunks, for the runs of holes they fit.
   mappings_.pack_whole(r);
-  // 4. Still short past the soft limit: the stream's own free memory, mapped here too.
-  if (ctx_.config.stream_alias) alias_own(r, stream, soft);
+  // 4. Still short past the threshold: the stream's own free memory, mapped here too.
+  if (ctx_.config.stream_alias) alias_own(r, stream, threshold);
   // 5. Idle granules, then fresh chunks; refused past the limit.
-  if (!mappings_.fill(r, soft)) return false;
+  if (!mappings_.fill(r, threshold)) return false;
   // 6. One map call per run of holes, one access grant over nearby runs.
   mappings_.map(*b->arena, r);
   return true;
@@ -78,15 +113,16 @@ Backing BlockPool::holes_of(const Block* b, DevicePtr addr, std::size_t size) co
 bool BlockPool::take_back_dormant(Block* b, Backing& r) {
   reactivate(b, r.holes);
   // Finished sweeps let more dormant granules come back with no driver call.
-  if (merged_ && !r.holes.empty()) poll_sweeps();
+  if (index_.unified() && !r.holes.empty()) sharing_.poll_sweeps();
   reclaim_dormant(*b->arena, r.holes);
   reactivate(b, r.holes);
   return r.holes.empty();
 }
 
-std::size_t BlockPool::soft_limit() const {
-  // Growing is allowed below the soft limit and below the slack over the peak of allocated
-  // bytes; past both, cached granules are reused first. Placing whole chunks (not memory-first),
+std::size_t BlockPool::defrag_threshold() const {
+  // Growing is allowed below the configured threshold (ctx_.soft_limit: defrag_threshold of the
+  // limit) and below the slack over the peak of allocated bytes; past both, cached granules are
+  // reused first. Placing whole chunks (not memory-first),
   // the slack is at least tuning::kWholeChunkCacheSlack.
   const double slack = std::max(ctx_.config.cache_slack,
                                 can_turn_memory_first() ? tuning::kWholeChunkCacheSlack : 0.0);
@@ -100,30 +136,30 @@ std::size_t BlockPool::shortfall(const Backing& r, std::size_t have) const {
   return (need - std::min(need, have)) * ctx_.granule;
 }
 
-bool BlockPool::reuse_cached(Block* b, Backing& r) {
+bool BlockPool::defrag(Block* b, Backing& r) {
   // Poll before recording: a sweep recorded just now finishes at a time only the device
   // knows, and a decision taken on it would differ between the GPU and the simulator.
-  poll_sweeps();
-  record_sweeps();
+  sharing_.poll_sweeps();
+  sharing_.record_sweeps();
   const std::size_t before = mappings_.idle_granules();
-  steal(r.holes.size());
+  defrag_pass(r.holes.size());
   r.reclaimed_idle = mappings_.idle_granules() - std::min(before, mappings_.idle_granules());
-  // Stealing may have freed the very granules some holes map dormant.
+  // The pass may have freed the very granules some holes map dormant.
   reactivate(b, r.holes);
   return r.holes.empty();
 }
 
-void BlockPool::alias_own(Backing& r, StreamId stream, std::size_t soft) {
+void BlockPool::alias_own(Backing& r, StreamId stream, std::size_t threshold) {
   const std::size_t need = r.holes.size();
   const std::size_t idle = mappings_.phys().idle_granules();
   const std::size_t short_of = need - r.packed > idle ? need - r.packed - idle : 0;
-  if (short_of == 0 || ctx_.reserved() + short_of * ctx_.granule <= soft) return;
+  if (short_of == 0 || ctx_.reserved() + short_of * ctx_.granule <= threshold) return;
   std::vector<std::size_t> open;  // unfilled holes wholly inside the request
   for (std::size_t i = 0; i < need; ++i) {
     if (!r.supply[i].valid() && r.inside(r.holes[i])) open.push_back(i);
   }
   if (open.empty()) return;
-  StreamPool& sp = stream_pool(stream);
+  StreamPool& sp = index_.stream(stream);
   r.aliased_whole = alias_whole(sp, r.holes, open, short_of, r.supply);
   r.packed += r.aliased_whole;
   const std::size_t left = need - r.packed > idle ? need - r.packed - idle : 0;
@@ -139,9 +175,10 @@ void BlockPool::alias_own(Backing& r, StreamId stream, std::size_t soft) {
 void BlockPool::reactivate(Block* b, std::vector<std::size_t>& holes) {
   bool spilled = false;  // a whole chunk came back active past the holes, in a free neighbour
   if (mappings_.reactivate(*b->arena, holes, spilled) == 0 || !spilled) return;
-  // Active granules in a shared free block must be findable by steal().
+  // Active granules in a shared free block must be findable by defrag_pass().
   for (Block* nb : {b->prev, b->next}) {
-    if (nb != nullptr && nb->is_free() && nb->shared && !Lru::contains(nb)) warm_.push_back(nb);
+    if (nb != nullptr && nb->is_free() && nb->shared && !Lru::contains(nb))
+      index_.warm().push_back(nb);
   }
 }
 
@@ -157,7 +194,7 @@ void BlockPool::reclaim_dormant(const Arena& a, const std::vector<std::size_t>& 
   }
 }
 
-void BlockPool::steal(std::size_t target) {
+void BlockPool::defrag_pass(std::size_t target) {
   ++ctx_.stats.defrag_passes;
   // Single granules first; whole chunks (which become idle whole chunks, and may fit no run of
   // the request's holes) only if that is not enough.
@@ -165,7 +202,7 @@ void BlockPool::steal(std::size_t target) {
   const std::size_t before = idle();
   auto short_by = [&] { return idle() < target ? target - idle() : 0; };
   for (Take take : {Take::kMovable, Take::kWholeToo}) {
-    for (Block* b = warm_.front(); b != nullptr && short_by() > 0;) {
+    for (Block* b = index_.warm().front(); b != nullptr && short_by() > 0;) {
       Block* next = Lru::next(b);
       unmap_interior(b, short_by(), take);
       b = next;
@@ -226,7 +263,7 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
       for (std::size_t k = g; k < end; ++k) mappings_.make_dormant(a, k);
     got += end - g;
   }
-  if (!remaining && Lru::contains(b)) warm_.erase(b);
+  if (!remaining && Lru::contains(b)) index_.warm().erase(b);
 }
 
 std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t>& holes,
@@ -293,19 +330,20 @@ std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t
 
 void BlockPool::retire(StreamPool& sp, Block* f, std::size_t g0, std::size_t g1) {
   const Arena& a = *f->arena;
-  Block* next = Fifo::next(f);            // the pieces keep f's place in the free order
-  remove_free(f, /*keep_address=*/true);  // f stays free there, or becomes `mid`
+  Block* next = Fifo::next(f);              // the pieces keep f's place in the free order
+  index_.remove(f, /*keep_address=*/true);  // f stays free there, or becomes `mid`
   Block* mid = f;
   if (a.granule_addr(g0) > f->addr) {
-    mid = split_off(f, a.granule_addr(g0));
-    insert_free(f, next);
+    mid = index_.split_off(f, a.granule_addr(g0));
+    index_.insert(f, next);
   }
-  if (a.granule_addr(g1) < mid->end()) insert_free(split_off(mid, a.granule_addr(g1)), next);
+  if (a.granule_addr(g1) < mid->end())
+    index_.insert(index_.split_off(mid, a.granule_addr(g1)), next);
   mid->retired = true;
   mid->lazy = false;  // its granules are mapped: that is what it lends
-  mid->free_seq = sweeps_.note_free(sp);
+  mid->free_seq = sharing_.note_free(sp);
   stamp(mid);
-  insert_free(mid);  // back of the retired list: waits for a sweep recorded from now on
+  index_.insert(mid);  // back of the retired list: waits for a sweep recorded from now on
 }
 
 std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {

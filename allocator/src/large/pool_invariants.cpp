@@ -1,11 +1,11 @@
 // The block pool's and the physical pool's invariants, checked whole (tests call
 // Allocator::check_invariants() after every step; CUARENA_DEBUG=3 builds at each operation).
 // Each check names the first broken invariant in a std::logic_error; the invariants themselves
-// are stated where they are kept (block_pool.hpp, physical_pool.hpp).
+// are stated where they are kept (free_index.hpp, sharing.hpp, physical_pool.hpp).
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 
 #include "large/block_pool.hpp"
 #include "physical/physical_pool.hpp"
@@ -13,15 +13,16 @@
 namespace cuarena::detail {
 
 namespace {
-using Fifo = IntrusiveList<Block, &Block::fifo>;
-
 [[noreturn]] void broken(const std::string& what) {
   throw std::logic_error("cuarena invariant violated: " + what);
 }
 }  // namespace
 
 void BlockPool::check_invariants() const {
-  std::size_t free_seen = 0, segment_bytes = 0, addressed = 0;
+  index_.check_invariants();
+  sharing_.check_invariants();
+  // What the index cannot see: the granules under each block, and merges owed sharing holds.
+  std::size_t segment_bytes = 0;
   std::vector<const Arena*> arenas;  // mapped ones, for the physical pool's check
   for (std::size_t i = 0; i < arenas_.size(); ++i) {
     const Arena& a = *arenas_[i];
@@ -30,40 +31,25 @@ void BlockPool::check_invariants() const {
       segment_bytes += a.size();
     else
       arenas.push_back(&a);
-    DevicePtr expect = a.base();
     const Block* prev = nullptr;
-    for (const Block* b = arena_first_[i]; b != nullptr; prev = b, b = b->next) {
+    for (const Block* b = index_.firsts()[i]; b != nullptr; prev = b, b = b->next) {
       const std::string at = "block at " + std::to_string(b->addr);
-      if (b->addr != expect) broken(at + ": blocks do not tile the arena");
-      if (b->prev != prev || b->arena != &a) broken(at + ": neighbour links are wrong");
-      if (b->size == 0 || b->size % kMinBlockSize != 0) broken(at + ": size not a 512 multiple");
-      expect += b->size;
-      if (b->addressed != addressable(b)) broken(at + ": in the address index iff addressable");
-      if (b->addressed) {
-        ++addressed;
-        const auto e = free_by_addr_.find(b->addr);
-        if (e == free_by_addr_.end() || e->second != b) broken(at + ": address index entry wrong");
-      }
       std::size_t first = 0, last = 0;
       a.covering(b->addr, b->size, first, last);
       const bool fully_mapped = a.count_unmapped(first, last) == 0;
       if (b->allocated) {
         if (!fully_mapped && !b->lazy) broken(at + ": allocated block not fully mapped");
-        if (b->fifo.linked || b->lru.linked) broken(at + ": allocated block is indexed");
         continue;
       }
       if (b->lazy && (b->retired || b->shared)) broken(at + ": lazy block retired or shared");
       if (b->retired) {
         if (!fully_mapped || b->addr % ctx_.granule || b->size % ctx_.granule)
           broken(at + ": retired block not granule-aligned and mapped");
-        if (!b->fifo.linked || b->shared) broken(at + ": retired block not in its FIFO");
         continue;
       }
-      ++free_seen;
-      if (prev && mergeable(prev, b)) broken(at + ": mergeable free neighbours not coalesced");
+      if (prev && FreeIndex::mergeable(prev, b, [&](const Block* x) { return sharing_.owes(x); }))
+        broken(at + ": mergeable free neighbours not coalesced");
       if (b->shared) {
-        if (!shared_free_.count(const_cast<Block*>(b)) || b->fifo.linked)
-          broken(at + ": shared block not in the shared index");
         std::size_t ifirst = 0, ilast = 0;
         a.interior(b->addr, b->size, ifirst, ilast);
         ilast = std::min(ilast, a.high_water());
@@ -76,55 +62,13 @@ void BlockPool::check_invariants() const {
               broken(at + ": shared block caches stealable granules but is not in the LRU list");
           }
         }
-      } else {
-        auto it = streams_.find(b->stream);
-        if (it == streams_.end() || !it->second.free.count(const_cast<Block*>(b)) ||
-            !b->fifo.linked || (b->lru.linked && !merged_))
-          broken(at + ": owned block not in its stream's index");
-        if (!merged_ && !b->lazy && !fully_mapped)
-          broken(at + ": owned free block not fully mapped");
+      } else if (!index_.unified() && !b->lazy && !fully_mapped) {
+        broken(at + ": owned free block not fully mapped");
       }
     }
-    if (expect != a.base() + a.size()) broken("blocks do not cover the whole arena");
-  }
-  std::size_t indexed = shared_free_.size();
-  for (const auto& [stream, sp] : streams_) {
-    indexed += sp.free.size();
-    for (const auto* list : {&sp.fifo, &sp.retired}) {
-      std::uint64_t last_seq = 0;
-      for (const Block* b = list->front(); b != nullptr; b = Fifo::next(b)) {
-        if (b->free_seq < last_seq) broken("stream FIFO not in free order");
-        if (b->stream != stream) broken("block in another stream's FIFO");
-        if (b->retired != (list == &sp.retired)) broken("block in the wrong stream list");
-        last_seq = b->free_seq;
-      }
-    }
-  }
-  if (free_seen != free_blocks_ || indexed != free_blocks_) broken("free block count mismatch");
-  if (addressed != free_by_addr_.size()) broken("address index holds blocks that are gone");
-  // Sharing is owed never in segment mode nor beyond what a stream's sweeps completed; placed
-  // unified, each entry has its sentinel in warm_; an unpolled entry (at most one per stream)
-  // stands for the oldest sweeps in flight, and its stream knows how far they reach.
-  if (!owed_.empty() && !lazy_shares()) broken("sharing owed in segment mode");
-  std::unordered_map<const StreamPool*, int> unpolled;
-  for (const Owed& o : owed_) {
-    if (o.covered > o.sp->done) broken("sharing owed past a stream's completed sweeps");
-    if (o.polls != 0) {
-      if (o.covered != 0) broken("an unpolled entry with a cover");
-      if (o.polls > o.sp->events.size()) broken("an unpolled entry past the sweeps in flight");
-      if (o.sp->unpolled_reach != o.sp->events[o.polls - 1].second)
-        broken("an unpolled entry whose stream forgot how far its sweeps reach");
-      if (++unpolled[o.sp] > 1) broken("two unpolled entries of one stream");
-    }
-    if (merged_ != (o.sentinel != nullptr && o.sentinel->lru.linked))
-      broken("owed sharing without its place in the LRU list");
-  }
-  for (const auto& [id, sp] : streams_) {
-    if (sp.unpolled_reach != 0 && unpolled.count(&sp) == 0)
-      broken("a stream's unpolled entry is missing");
   }
   if (segment_bytes != mappings_.segment_bytes()) broken("segment bytes disagree with the arenas");
-  if (segments_ && !warm_.empty()) broken("a segment block is in the LRU list");
+  if (segments_ && !index_.warm().empty()) broken("a segment block is in the LRU list");
   mappings_.phys().check_invariants(arenas, ctx_.reserved() - mappings_.segment_bytes());
 }
 

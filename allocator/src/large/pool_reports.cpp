@@ -34,7 +34,7 @@ void BlockPool::free_mapped_extents(std::size_t& total, std::size_t& largest) co
       largest = std::max(largest, run);
       run = 0;
     };
-    for (const Block* b = arena_first_[i]; b != nullptr; b = b->next) {
+    for (const Block* b = index_.firsts()[i]; b != nullptr; b = b->next) {
       if (!b->is_free()) {
         flush();
         continue;
@@ -76,10 +76,10 @@ BlockPool::Breakdown BlockPool::breakdown() const {
     const Arena& a = *arenas_[i];
     // Each mapped granule is counted once, under the most-used block overlapping it.
     std::vector<int> rank(a.high_water(), -1);
-    for (const Block* b = arena_first_[i]; b != nullptr && b->addr < a.granule_addr(a.high_water());
-         b = b->next) {
+    for (const Block* b = index_.firsts()[i];
+         b != nullptr && b->addr < a.granule_addr(a.high_water()); b = b->next) {
       // A block whose sharing is owed is any stream's at the next request: shared.
-      const int r = b->allocated ? 3 : b->retired ? 2 : (b->shared || owes(b)) ? 0 : 1;
+      const int r = b->allocated ? 3 : b->retired ? 2 : (b->shared || sharing_.owes(b)) ? 0 : 1;
       std::size_t first = 0, last = 0;
       a.covering(b->addr, b->size, first, last);
       for (std::size_t g = first; g < std::min(last, a.high_water()); ++g)
