@@ -507,10 +507,9 @@ INSTANTIATE_TEST_SUITE_P(Segments, RandomizedLoopConverges,
                                             ::testing::Values(1u, 2u)),
                          loop_name);
 
-// Disabled until the mapping policy converges. Measured 2026-12-02 (peak reserved of a later
-// iteration over iteration 3's): default +2.4% / +3.6% (seeds 1, 2), default_laggy +2.4% /
-// +4.2%, memory_first +4.5% / +20.6%. Segment mode (above) does not grow on seeds 1 and 2, but
-// does on 5 of seeds 1-8 (by 28-128 MiB over 282-570 MiB): those two are a regression check, not
+// Disabled until the mapping policy converges: a later iteration's peak reserved still exceeds
+// iteration 3's under every mapping scenario (figures in docs/results.md). Segment mode (above)
+// does not grow on seeds 1 and 2, but does on other seeds: those two are a regression check, not
 // a proof that segment mode converges.
 INSTANTIATE_TEST_SUITE_P(DISABLED_Mapping, RandomizedLoopConverges,
                          ::testing::Combine(::testing::Values(kLoopScenarios[0], kLoopScenarios[1],

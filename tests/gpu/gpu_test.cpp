@@ -499,12 +499,8 @@ TEST_P(GpuReplay, DefaultVerifiedAndWithinTheSimulatorsRange) {
 // With the device kept 64 trace events behind (--gpu-lag, busy kernels), as a job's kernels keep
 // it: frees then finish long after cuarena sees them, so a reuse that came too early shows as a
 // wrong tag. The device must really run behind: a tenth of the sweep polls or more find their
-// sweep pending (the simulator at lag 64: 0.36-0.59; on the H200 the default showed 0.39-0.55,
-// memory first 0.18-0.54, its driver calls letting the device catch up), and the GPU lands
-// within 1% of the simulator's range over lags 16-256. On the H200 (2026-12-03) the default
-// came within 1% of the simulator at lag 64 itself on every trace in a suite run (equal on four;
-// bert_varlen_infer 1.1605 against 1.1716), memory first within 0.3% on four (bert_varlen_infer
-// 1.041 against 1.105).
+// sweep pending (memory first's driver calls let the device catch up more often), and the GPU
+// lands within 1% of the simulator's range over lags 16-256 (runs in docs/results.md).
 TEST_P(GpuReplay, BehindTheHostVerifiedAndAsTheSimulatorAtThatLag) {
   REQUIRE_GPU();
   constexpr std::uint64_t kLag = 64;

@@ -69,7 +69,7 @@ struct Config {
   unsigned dormant_maps = 4;
   /// Learn a loop that repeats exactly (its requests' sizes and streams, in order) and serve
   /// each request at an offset planned for the whole iteration inside one range that stays
-  /// mapped (LoopPlanner, PlannedArena): from about the sixth iteration no driver calls, and
+  /// mapped (LoopPlanner, PlannedRange): from about the sixth iteration no driver calls, and
   /// the range is close to the loop's peak of live bytes. The range is backed part by part as
   /// the loop first uses it, with the memory its older blocks free, so putting a plan in use
   /// costs no peak. Requests the plan does not foresee are served as usual.

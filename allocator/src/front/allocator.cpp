@@ -1,4 +1,4 @@
-// Allocator: the façade over BlockPool, SlabArena and the loop plans (PlanServer). It owns the
+// Allocator: the façade over BlockPool, SlabSet and the loop plans (PlanServer). It owns the
 // device lock, the table of live allocations, the stream caches, frees waiting on events
 // (PendingFrees), the statistics, and the out-of-memory path.
 //
@@ -29,7 +29,7 @@
 #include "front/stream_cache.hpp"
 #include "large/block_pool.hpp"
 #include "plans/plan_server.hpp"
-#include "slabs/slab_arena.hpp"
+#include "slabs/slab_set.hpp"
 #include "support/assert.hpp"
 
 namespace cuarena {
@@ -247,7 +247,8 @@ class Allocator::Impl final : private detail::PlanServer::Host {
     CUARENA_EXPENSIVE(check_structures());
     config_.per_process_memory_fraction = fraction;
     ctx_.limit = limit_bytes(ctx_.backend, config_);
-    ctx_.soft_limit = static_cast<std::size_t>(double(ctx_.limit) * config_.defrag_threshold);
+    ctx_.defrag_threshold_bytes =
+        static_cast<std::size_t>(double(ctx_.limit) * config_.defrag_threshold);
   }
 
   void with_device_lock(const std::function<void()>& fn) {
@@ -452,7 +453,7 @@ class Allocator::Impl final : private detail::PlanServer::Host {
   SizeClasses classes_;
   detail::Context ctx_;
   detail::BlockPool pool_;  // declared before slabs_: slabs return blocks to it on destruction
-  detail::SlabArena slabs_;
+  detail::SlabSet slabs_;
   mutable detail::LiveTable live_;
   detail::StreamCaches caches_;
   mutable detail::CacheReturns returns_;  // mutable: readers fold the caches in first

@@ -12,14 +12,14 @@
 #include "cuarena/stats.hpp"
 #include "front/stream_cache.hpp"
 #include "large/block_pool.hpp"
-#include "slabs/slab_arena.hpp"
+#include "slabs/slab_set.hpp"
 
 namespace cuarena::detail {
 
 class CacheReturns {
  public:
   /// All four must outlive this.
-  CacheReturns(StreamCaches& caches, Stats& stats, SlabArena& slabs, BlockPool& pool)
+  CacheReturns(StreamCaches& caches, Stats& stats, SlabSet& slabs, BlockPool& pool)
       : caches_(caches), stats_(stats), slabs_(slabs), pool_(pool) {}
 
   /// Returns every block parked in a stream cache to its slab or the pool (their statistics
@@ -40,7 +40,7 @@ class CacheReturns {
 
   StreamCaches& caches_;
   Stats& stats_;
-  SlabArena& slabs_;
+  SlabSet& slabs_;
   BlockPool& pool_;
   std::vector<CachedBlock> drained_;  // drain scratch; empty between calls
   std::vector<CacheDelta> deltas_;    // fold scratch; empty between calls

@@ -34,9 +34,10 @@ struct Context {
   DeviceBackend& backend;
   const Config& config;
   Stats& stats;
-  std::size_t granule;     ///< backend.granularity()
-  std::size_t limit;       ///< most physical bytes that may be held at once
-  std::size_t soft_limit;  ///< above this, reuse cached granules before creating new ones
+  std::size_t granule;  ///< backend.granularity()
+  std::size_t limit;    ///< most physical bytes that may be held at once
+  std::size_t
+      defrag_threshold_bytes;  ///< above this, reuse cached granules before creating new ones
 
   void add_reserved(Pool pool, std::int64_t bytes) {
     auto& r = stats.reserved_bytes;

@@ -3,7 +3,7 @@
 // steps that need blocks: which free block holds a granule, defragmenting free blocks,
 // aliasing the stream's own. The steps that need none are the mappings layer's (mappings.cpp).
 //
-// Physical memory (PhysicalPool) is never created while it can be found: a request first takes
+// Physical memory (PhysicalMemory) is never created while it can be found: a request first takes
 // back its own dormant mappings whose granules are idle; past the defrag threshold it takes
 // cached granules of shared blocks (oldest freed first); idle whole chunks back the runs of
 // holes they fit; still short past the threshold, it aliases granules of its own stream's free
@@ -48,7 +48,7 @@ const Block* BlockPool::active_holder(PhysRef p) const {
 bool BlockPool::finished(const Arena& a, std::size_t g) const {
   const Arena::FreeStamp st = a.stamp(g);
   if (st.seq == 0) return true;
-  const StreamPool* sp = index_.find_stream(st.stream);
+  const StreamFreeLists* sp = index_.find_stream(st.stream);
   return sp != nullptr && st.seq <= sp->done;
 }
 
@@ -120,15 +120,15 @@ bool BlockPool::take_back_dormant(Block* b, Backing& r) {
 }
 
 std::size_t BlockPool::defrag_threshold() const {
-  // Growing is allowed below the configured threshold (ctx_.soft_limit: defrag_threshold of the
-  // limit) and below the slack over the peak of allocated bytes; past both, cached granules are
-  // reused first. Placing whole chunks (not memory-first),
-  // the slack is at least tuning::kWholeChunkCacheSlack.
+  // Growing is allowed below the configured threshold (ctx_.defrag_threshold_bytes:
+  // defrag_threshold of the limit) and below the slack over the peak of allocated bytes; past both,
+  // cached granules are reused first. Placing whole chunks (not memory-first), the slack is at
+  // least tuning::kWholeChunkCacheSlack.
   const double slack = std::max(ctx_.config.cache_slack,
                                 can_turn_memory_first() ? tuning::kWholeChunkCacheSlack : 0.0);
   const auto slack_limit = static_cast<std::size_t>(
       (1.0 + slack) * double(ctx_.stats.allocated_bytes[int(Pool::kAll)].peak));
-  return std::max(ctx_.soft_limit, slack > 0 ? slack_limit : 0);
+  return std::max(ctx_.defrag_threshold_bytes, slack > 0 ? slack_limit : 0);
 }
 
 std::size_t BlockPool::shortfall(const Backing& r, std::size_t have) const {
@@ -159,7 +159,7 @@ void BlockPool::alias_own(Backing& r, StreamId stream, std::size_t threshold) {
     if (!r.supply[i].valid() && r.inside(r.holes[i])) open.push_back(i);
   }
   if (open.empty()) return;
-  StreamPool& sp = index_.stream(stream);
+  StreamFreeLists& sp = index_.stream(stream);
   r.aliased_whole = alias_whole(sp, r.holes, open, short_of, r.supply);
   r.packed += r.aliased_whole;
   const std::size_t left = need - r.packed > idle ? need - r.packed - idle : 0;
@@ -188,7 +188,7 @@ void BlockPool::reclaim_dormant(const Arena& a, const std::vector<std::size_t>& 
     const PhysRef p = a.phys(h);
     const Block* holder = active_holder(p);
     if (holder == nullptr) continue;
-    const PhysicalPool::Mapping m = mappings_.phys().active(p).front();
+    const PhysicalMemory::Mapping m = mappings_.phys().active(p).front();
     mappings_.make_dormant(*holder->arena, m.granule);
     ctx_.stats.granules_stolen += std::int64_t(mapping_extent(p, h).count);
   }
@@ -266,7 +266,7 @@ void BlockPool::unmap_interior(Block* b, std::size_t max_granules, Take take) {
   if (!remaining && Lru::contains(b)) index_.warm().erase(b);
 }
 
-std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t>& holes,
+std::size_t BlockPool::alias_whole(StreamFreeLists& sp, const std::vector<std::size_t>& holes,
                                    const std::vector<std::size_t>& open, std::size_t want,
                                    std::vector<PhysRef>& supply) {
   // Runs of open holes: [begin, end) into `open`, consecutive granules.
@@ -328,7 +328,7 @@ std::size_t BlockPool::alias_whole(StreamPool& sp, const std::vector<std::size_t
   return got;
 }
 
-void BlockPool::retire(StreamPool& sp, Block* f, std::size_t g0, std::size_t g1) {
+void BlockPool::retire(StreamFreeLists& sp, Block* f, std::size_t g0, std::size_t g1) {
   const Arena& a = *f->arena;
   Block* next = Fifo::next(f);              // the pieces keep f's place in the free order
   index_.remove(f, /*keep_address=*/true);  // f stays free there, or becomes `mid`
@@ -346,7 +346,7 @@ void BlockPool::retire(StreamPool& sp, Block* f, std::size_t g0, std::size_t g1)
   index_.insert(mid);  // back of the retired list: waits for a sweep recorded from now on
 }
 
-std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
+std::size_t BlockPool::aliasable(const StreamFreeLists& sp, std::size_t max) const {
   std::size_t n = 0;
   for (const Block* f = sp.fifo.front(); f != nullptr && n < max; f = Fifo::next(f)) {
     std::size_t first = 0, last = 0;
@@ -358,7 +358,7 @@ std::size_t BlockPool::aliasable(const StreamPool& sp, std::size_t max) const {
   return std::min(n, max);
 }
 
-std::size_t BlockPool::alias(StreamPool& sp, std::size_t want, std::vector<PhysRef>& out) {
+std::size_t BlockPool::alias(StreamFreeLists& sp, std::size_t want, std::vector<PhysRef>& out) {
   std::size_t got = 0;
   for (Block* f = sp.fifo.front(); f != nullptr && got < want;) {
     Block* next = Fifo::next(f);

@@ -85,7 +85,7 @@ Block* BlockPool::split_allocated(Block* b, DevicePtr at) {
 Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if (size > ctx_.limit) return nullptr;  // can never fit: do not even reserve address space
   sharing_.settle();
-  StreamPool& sp = index_.stream(stream);
+  StreamFreeLists& sp = index_.stream(stream);
   // A miss on the stream's own blocks first lets finished streams' blocks become shared.
   if (sp.free.lower_bound(size) == sp.free.end()) sharing_.poll_sweeps();
   bool mapped = false;  // the placement found every granule of the range active
@@ -118,7 +118,7 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
 }
 
 void BlockPool::deallocate(Block* b) {
-  StreamPool& sp = index_.stream(b->stream);
+  StreamFreeLists& sp = index_.stream(b->stream);
   b->allocated = false;
   b->shared = false;
   b->free_seq = sharing_.note_free(sp);

@@ -198,16 +198,16 @@ class BlockPool {
   /// Retires whole chunks lying wholly inside `sp`'s owned blocks (oldest freed first) to back
   /// runs of the holes listed in `open` (indexes into `holes`, wholly inside the request) that
   /// they fit, up to about `want` granules; fills `supply`. Returns the granules so backed.
-  std::size_t alias_whole(StreamPool& sp, const std::vector<std::size_t>& holes,
+  std::size_t alias_whole(StreamFreeLists& sp, const std::vector<std::size_t>& holes,
                           const std::vector<std::size_t>& open, std::size_t want,
                           std::vector<PhysRef>& supply);
   /// Splits `sp`'s owned block f into [f, g0) owned, granules [g0, g1) retired (their
   /// physical memory now backs another request of the stream too), and the rest owned.
-  void retire(StreamPool& sp, Block* f, std::size_t g0, std::size_t g1);
+  void retire(StreamFreeLists& sp, Block* f, std::size_t g0, std::size_t g1);
   /// Granules of `sp`'s owned blocks that alias() could take, up to `max`.
-  std::size_t aliasable(const StreamPool& sp, std::size_t max) const;
+  std::size_t aliasable(const StreamFreeLists& sp, std::size_t max) const;
   /// Retires up to `want` granules of `sp`'s owned blocks, appending their physical granules.
-  std::size_t alias(StreamPool& sp, std::size_t want, std::vector<PhysRef>& out);
+  std::size_t alias(StreamFreeLists& sp, std::size_t want, std::vector<PhysRef>& out);
   /// The free block holding all of p's only active mapping (all of its whole chunk's), finished
   /// there (free_holder), or nullptr.
   const Block* active_holder(PhysRef p) const;

@@ -71,7 +71,7 @@ void FreeIndex::insert(Block* b, Block* fifo_pos, bool warm) {
     if (warm && !b->arena->segment()) warm_.insert_before(warm_before_, b);  // segments never unmap
     return;
   }
-  StreamPool& sp = stream(b->stream);
+  StreamFreeLists& sp = stream(b->stream);
   if (b->retired) {
     CUARENA_ASSERT_INTERNAL(sp.retired.empty() || sp.retired.back()->free_seq <= b->free_seq,
                             "insert: a retired block must be its stream's newest");
@@ -95,7 +95,7 @@ void FreeIndex::remove(Block* b, bool keep_address) {
     if (Lru::contains(b)) warm_.erase(b);
     return;
   }
-  StreamPool& sp = stream(b->stream);
+  StreamFreeLists& sp = stream(b->stream);
   if (b->retired) {
     sp.retired.erase(b);
     return;
@@ -142,7 +142,7 @@ void FreeIndex::check_invariants(const Block* detached) const {
         CUARENA_CHECK(shared_free_.count(const_cast<Block*>(b)) && !b->fifo.linked,
                       at + ": shared block not in the shared index");
       } else {
-        const StreamPool* sp = find_stream(b->stream);
+        const StreamFreeLists* sp = find_stream(b->stream);
         CUARENA_CHECK(sp != nullptr && sp->free.count(const_cast<Block*>(b)) && b->fifo.linked &&
                           (!b->lru.linked || unified_),
                       at + ": owned block not in its stream's index");

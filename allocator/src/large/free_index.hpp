@@ -80,8 +80,8 @@ using Fifo = IntrusiveList<Block, &Block::fifo>;
 using Lru = IntrusiveList<Block, &Block::lru>;
 
 /// A stream's free blocks; its sweep state (free numbers, events) is the base.
-struct StreamPool : StreamSweeps::Stream {
-  explicit StreamPool(NodeCache* nodes) : free(CachedAllocator<Block*>(nodes)) {}
+struct StreamFreeLists : StreamSweeps::Stream {
+  explicit StreamFreeLists(NodeCache* nodes) : free(CachedAllocator<Block*>(nodes)) {}
   SizeIndex free;
   Fifo fifo;     // owned free blocks, sorted by free_seq
   Fifo retired;  // retired blocks, sorted by free_seq
@@ -106,7 +106,7 @@ class FreeIndex {
 
   /// The stream's pool, made on first use. Consecutive calls are mostly for one stream: a
   /// one-entry cache skips the hash lookup then (entries are never erased, so it stays valid).
-  StreamPool& stream(StreamId stream) {
+  StreamFreeLists& stream(StreamId stream) {
     if (last_sp_ == nullptr || stream != last_stream_) {
       last_sp_ = &streams_.try_emplace(stream, &size_nodes_).first->second;
       last_sp_->id = stream;
@@ -114,19 +114,19 @@ class FreeIndex {
     }
     return *last_sp_;
   }
-  const StreamPool* find_stream(StreamId stream) const {
+  const StreamFreeLists* find_stream(StreamId stream) const {
     const auto it = streams_.find(stream);
     return it == streams_.end() ? nullptr : &it->second;
   }
   /// The stream pool of b if b is an owned free or retired block, else nullptr.
-  const StreamPool* owner(const Block* b) const {
+  const StreamFreeLists* owner(const Block* b) const {
     if (b->allocated || b->shared) return nullptr;
     // A free's neighbours are mostly its own stream's: the cache skips the hash lookup.
     if (last_sp_ != nullptr && b->stream == last_stream_) return last_sp_;
     return find_stream(b->stream);
   }
-  std::unordered_map<StreamId, StreamPool>& streams() { return streams_; }
-  const std::unordered_map<StreamId, StreamPool>& streams() const { return streams_; }
+  std::unordered_map<StreamId, StreamFreeLists>& streams() { return streams_; }
+  const std::unordered_map<StreamId, StreamFreeLists>& streams() const { return streams_; }
 
   /// Block objects come from and go back to a node cache (a split or a merge on most calls).
   Block* new_block() { return new (block_nodes_.take(sizeof(Block))) Block; }
@@ -208,9 +208,9 @@ class FreeIndex {
   NodeCache size_nodes_;     // SizeIndex nodes (shared_free_, every stream's free)
   NodeCache address_nodes_;  // free_by_addr_'s nodes
   NodeCache block_nodes_;    // Block objects
-  std::unordered_map<StreamId, StreamPool> streams_;
+  std::unordered_map<StreamId, StreamFreeLists> streams_;
   StreamId last_stream_ = 0;  // stream()'s one-entry cache
-  StreamPool* last_sp_ = nullptr;
+  StreamFreeLists* last_sp_ = nullptr;
   SizeIndex shared_free_{CachedAllocator<Block*>(&size_nodes_)};
   AddressIndex free_by_addr_{CachedAllocator<std::pair<const DevicePtr, Block*>>(&address_nodes_)};
   Lru warm_;

@@ -43,7 +43,7 @@ class UnifiedPlacement final : public BlockPlacement {
  public:
   UnifiedPlacement(const FreeIndex& index, MissingGranules missing)
       : index_(index), missing_(std::move(missing)) {}
-  Block* place(const StreamPool& sp, std::size_t size, bool& mapped) const override {
+  Block* place(const StreamFreeLists& sp, std::size_t size, bool& mapped) const override {
     return best_fit(sp.free, index_.shared(), size, missing_, mapped);
   }
   bool absorbs(const Block& owned, const Block& n) const override {
@@ -66,7 +66,7 @@ class OwnFirstPlacement final : public BlockPlacement {
       : index_(index), missing_(std::move(missing)) {}
   /// The stream's own best fit, unless a tighter shared block needs no new memory; on a miss,
   /// the shared fit missing fewest granules among the few smallest.
-  Block* place(const StreamPool& sp, std::size_t size, bool& mapped) const override {
+  Block* place(const StreamFreeLists& sp, std::size_t size, bool& mapped) const override {
     auto own = sp.free.lower_bound(size);
     Block* b = own == sp.free.end() ? nullptr : *own;
     mapped = b != nullptr && !b->lazy;  // owned blocks are fully mapped here

@@ -34,7 +34,7 @@ class BlockPlacement {
   /// The free block to serve `size` bytes from, among `sp`'s own and the shared ones, or
   /// nullptr. Sets `mapped` when the block's first `size` bytes need nothing backed (every
   /// granule active). O(log n + candidates x granules).
-  virtual Block* place(const StreamPool& sp, std::size_t size, bool& mapped) const = 0;
+  virtual Block* place(const StreamFreeLists& sp, std::size_t size, bool& mapped) const = 0;
   /// Coalescing owned free block `owned` takes in its free shared neighbour `n`.
   virtual bool absorbs(const Block& owned, const Block& n) const = 0;
 };

@@ -1,14 +1,14 @@
 // The block pool's and the physical pool's invariants, checked whole (tests call
 // Allocator::check_invariants() after every step; CUARENA_DEBUG=3 builds at each operation).
 // Each check names the first broken invariant in a std::logic_error; the invariants themselves
-// are stated where they are kept (free_index.hpp, sharing.hpp, physical_pool.hpp).
+// are stated where they are kept (free_index.hpp, sharing.hpp, physical_memory.hpp).
 #include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <string>
 
 #include "large/block_pool.hpp"
-#include "physical/physical_pool.hpp"
+#include "physical/physical_memory.hpp"
 
 namespace cuarena::detail {
 
@@ -72,8 +72,8 @@ void BlockPool::check_invariants() const {
   mappings_.phys().check_invariants(arenas, ctx_.reserved() - mappings_.segment_bytes());
 }
 
-void PhysicalPool::check_invariants(const std::vector<const Arena*>& arenas,
-                                    std::size_t expected_bytes) const {
+void PhysicalMemory::check_invariants(const std::vector<const Arena*>& arenas,
+                                      std::size_t expected_bytes) const {
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::size_t> seen;
   std::size_t dormant_seen = 0;
   for (const Arena* a : arenas) {

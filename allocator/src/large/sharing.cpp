@@ -6,14 +6,14 @@
 
 namespace cuarena::detail {
 
-void Sharing::after_free(StreamPool& sp) {
-  // Keep one sweep in flight per stream, checked every sweep_interval frees, so blocks freed a
+void Sharing::after_free(StreamFreeLists& sp) {
+  // Keep one sweep in flight per stream, looked at every sweep_interval frees, so blocks freed a
   // while ago are already shared when another stream or a shortage needs them.
   if (sp.seq % ctx_.config.sweep_interval != 0) return;
   if (lazy_) {
     // The poll and the sharing are owed to the pool's next request (settle()): only a request can
     // reuse what is shared, and the free stays a few set operations and one event record.
-    if (sp.unpolled_reach != 0) {  // the check before, with no request since: poll it now
+    if (sp.unpolled_reach != 0) {  // the sweep point before, no request since: poll it now
       for (auto it = owed_.rbegin(); it != owed_.rend(); ++it) {
         if (it->sp == &sp && it->polls != 0) {
           poll_owed(*it);
@@ -21,7 +21,7 @@ void Sharing::after_free(StreamPool& sp) {
         }
       }
     }
-    // Placed unified, warm()'s order is the order blocks were shared in: mark this check.
+    // Placed unified, warm()'s order is the order blocks were shared in: mark this sweep point.
     const auto sentinel = [&] { return index_.unified() ? push_sentinel() : nullptr; };
     if (sp.events.size() < tuning::kMaxSweepsPerStream) {
       if (!sp.events.empty()) {
@@ -61,13 +61,14 @@ void Sharing::settle() {
 void Sharing::record_sweeps() {
   settle();
   // Covers everything each listed stream freed, or has nothing new to cover.
-  sweeps_.record_all([&](StreamSweeps::Stream& s) { start_sweep(static_cast<StreamPool&>(s)); });
+  sweeps_.record_all(
+      [&](StreamSweeps::Stream& s) { start_sweep(static_cast<StreamFreeLists&>(s)); });
 }
 
 void Sharing::poll_sweeps() {
   settle();
   sweeps_.poll_all([&](StreamSweeps::Stream& s, std::uint64_t covered) {
-    share_covered(static_cast<StreamPool&>(s), covered);
+    share_covered(static_cast<StreamFreeLists&>(s), covered);
   });
 }
 
@@ -99,7 +100,7 @@ void Sharing::drop_sentinel(Block* sentinel) {
 
 void Sharing::poll_owed(Owed& o) {
   CUARENA_ASSERT(o.polls <= o.sp->events.size() && o.sp->unpolled_reach != 0,
-                 "poll_owed: the stream's sweeps were polled since its check");
+                 "poll_owed: the stream's sweeps were polled since its sweep point");
   sweeps_.poll(
       *o.sp, [&](std::uint64_t covered) { o.covered = covered; }, o.polls);
   o.polls = 0;
@@ -112,14 +113,14 @@ void Sharing::poll_unpolled() {
   }
 }
 
-void Sharing::share_covered(StreamPool& sp, std::uint64_t covered) {
+void Sharing::share_covered(StreamFreeLists& sp, std::uint64_t covered) {
   while (!sp.fifo.empty() && sp.fifo.front()->free_seq <= covered) share_(sp.fifo.front());
   while (!sp.retired.empty() && sp.retired.front()->free_seq <= covered) share_(sp.retired.front());
 }
 
 void Sharing::check_invariants() const {
   CUARENA_CHECK(owed_.empty() || lazy_, "sharing owed in segment mode");
-  std::unordered_map<const StreamPool*, int> unpolled;
+  std::unordered_map<const StreamFreeLists*, int> unpolled;
   for (const Owed& o : owed_) {
     CUARENA_CHECK(o.covered <= o.sp->done, "sharing owed past a stream's completed sweeps");
     if (o.polls != 0) {

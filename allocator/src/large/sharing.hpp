@@ -4,17 +4,17 @@
 // completed (a sweep, StreamSweeps), or at once if it was never used; a retired block's old
 // mapping is dropped then too (BlockPool::make_shared does what sharing a block does).
 //
-// Frees share lazily (mapping backends): the check a free makes every sweep_interval frees
+// Frees defer sharing (mapping backends): the sweep point a free reaches every sweep_interval frees
 // leaves its poll and the sharing of what completed owed (owed_, an unpolled entry), and every
 // pool entry point but a free settles first (settle()), so requests see the pool as if the
-// check had polled and shared (the poll, later, sees at least as much of the device's
+// sweep point had polled and shared (the poll, later, sees at least as much of the device's
 // progress). The free pays only the sweep's record. Until settled a block stays indexed as
 // owned; once polled it merges with nothing (owes()), and a free whose coalescing could reach a
 // block an unpolled entry may owe polls first (near()). Placed unified, a free also absorbs
 // shared neighbours, so a free whose coalescing could reach a block owed settles first, and
-// sharing puts blocks in warm() where the check stood (a sentinel): polling at the check and
-// polling later then make the same placements and driver calls. Segment mode shares at once
-// (its frees absorb any shared neighbour).
+// sharing puts blocks in warm() where the sweep point stood (a sentinel): polling at the sweep
+// point and polling later then make the same placements and driver calls. Segment mode shares at
+// once (its frees absorb any shared neighbour).
 //
 // Invariants (check_invariants()):
 //   owed_ empty when !lazy
@@ -51,10 +51,10 @@ class Sharing {
   Sharing& operator=(const Sharing&) = delete;
 
   /// A free or retirement on sp's stream: its free number.
-  std::uint64_t note_free(StreamPool& sp) { return sweeps_.note_free(sp); }
+  std::uint64_t note_free(StreamFreeLists& sp) { return sweeps_.note_free(sp); }
   /// After a free on sp's stream (coalesced and indexed): every sweep_interval frees, keeps one
   /// sweep in flight, polling (or leaving owed) the ones before. Non-blocking.
-  void after_free(StreamPool& sp);
+  void after_free(StreamFreeLists& sp);
   /// Shares what completed sweeps cover and frees left owed, in the order they completed. Its
   /// driver calls are those sharing makes (BlockPool::make_shared); throws BackendError.
   void settle();
@@ -69,7 +69,7 @@ class Sharing {
   /// merges with nothing until settled.
   bool owes(const Block* b) const {
     if (owed_.empty()) return false;
-    const StreamPool* sp = index_.owner(b);
+    const StreamFreeLists* sp = index_.owner(b);
     return sp != nullptr && b->free_seq <= sp->done;
   }
   /// Before each step of coalescing free block b (`owned`: b is owned): polls the unpolled
@@ -86,12 +86,12 @@ class Sharing {
   void check_invariants() const;
 
  private:
-  // Sharing owed by sweeps, in the order of the checks that polled them or left them unpolled:
-  // the stream, the free number covered (0 until polled), (placed unified) the sentinel in
-  // warm() where the check stood, and the sweeps left unpolled: the oldest `polls` in flight
-  // (0: polled).
+  // Sharing owed by sweeps, in the order of the sweep points that polled them or left them
+  // unpolled: the stream, the free number covered (0 until polled), (placed unified) the sentinel
+  // in warm() where the sweep point stood, and the sweeps left unpolled: the oldest `polls` in
+  // flight (0: polled).
   struct Owed {
-    StreamPool* sp;
+    StreamFreeLists* sp;
     std::uint64_t covered;
     Block* sentinel;
     std::size_t polls;
@@ -99,11 +99,11 @@ class Sharing {
   /// b is an owned free or retired block that its stream's unpolled entry would cover if its
   /// sweeps completed: owes(b) is known only once they are polled.
   bool unpolled(const Block* b) const {
-    const StreamPool* sp = index_.owner(b);
+    const StreamFreeLists* sp = index_.owner(b);
     return sp != nullptr && b->free_seq <= sp->unpolled_reach;
   }
   /// Polls the sweeps unpolled entry `o` stands for (the oldest o.polls in flight), fixing what it
-  /// covers. Precondition: no other poll of the stream since the check that left it.
+  /// covers. Precondition: no other poll of the stream since the sweep point that left it.
   void poll_owed(Owed& o);
   /// poll_owed() on every unpolled entry.
   void poll_unpolled();
@@ -124,14 +124,14 @@ class Sharing {
   Block* push_sentinel();
   void drop_sentinel(Block* sentinel);
   /// Records a sweep on sp's stream if it has free or retired blocks no completed sweep covers.
-  void start_sweep(StreamPool& sp) {
+  void start_sweep(StreamFreeLists& sp) {
     const auto uncovered = [&](const Fifo& l) {
       return !l.empty() && l.back()->free_seq > sp.done;  // sorted: the back is the newest
     };
     if (uncovered(sp.fifo) || uncovered(sp.retired)) sweeps_.record(sp);
   }
   /// Shares sp's free and retired blocks freed up to number `covered` (a completed sweep).
-  void share_covered(StreamPool& sp, std::uint64_t covered);
+  void share_covered(StreamFreeLists& sp, std::uint64_t covered);
 
   Context& ctx_;
   FreeIndex& index_;

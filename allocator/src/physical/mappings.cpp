@@ -86,7 +86,7 @@ void Mappings::make_dormant(Arena& a, std::size_t g) {
   }
   const PhysRef head = a.phys(start);
   if (phys_.dormant(head).size() > cap) {
-    const PhysicalPool::Mapping oldest = phys_.dormant(head).front();
+    const PhysicalMemory::Mapping oldest = phys_.dormant(head).front();
     unmap(const_cast<Arena&>(*oldest.arena), oldest.granule, n);
   }
 }
@@ -155,7 +155,7 @@ void Mappings::unmap_dormant(Arena& a, const std::vector<std::size_t>& holes) {
 void Mappings::release_idle_whole(std::uint32_t chunk) {
   const PhysRef first{chunk, 0};
   while (!phys_.dormant(first).empty()) {
-    const PhysicalPool::Mapping m = phys_.dormant(first).front();
+    const PhysicalMemory::Mapping m = phys_.dormant(first).front();
     unmap(const_cast<Arena&>(*m.arena), m.granule, phys_.granules(chunk));
   }
   phys_.discard(chunk);

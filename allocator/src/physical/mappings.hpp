@@ -1,6 +1,6 @@
 // Mappings: the physical memory, where it is mapped, and every memory call to the device.
 //
-// This layer owns the physical pool (PhysicalPool: chunks, idle granules, who maps what) and
+// This layer owns the physical pool (PhysicalMemory: chunks, idle granules, who maps what) and
 // makes every backend call that reserves or releases address space, creates, maps, unmaps or
 // releases physical memory, or allocates and frees a segment; it records each mapping in the
 // Arena it lies in. It never sees a block: BlockPool decides which granules of which arena to
@@ -19,7 +19,7 @@
 
 #include "front/context.hpp"
 #include "physical/arena.hpp"
-#include "physical/physical_pool.hpp"
+#include "physical/physical_memory.hpp"
 
 namespace cuarena::detail {
 
@@ -48,7 +48,7 @@ class Mappings {
   Mappings(const Mappings&) = delete;
   Mappings& operator=(const Mappings&) = delete;
 
-  const PhysicalPool& phys() const { return phys_; }
+  const PhysicalMemory& phys() const { return phys_; }
 
   // --- Address space and segments ---------------------------------------------------------
 
@@ -135,7 +135,7 @@ class Mappings {
                     const std::vector<PhysRef>& phys);
 
   Context& ctx_;
-  PhysicalPool phys_;
+  PhysicalMemory phys_;
   std::size_t segment_bytes_ = 0;
   bool singles_only_ = false;  // stop_whole_chunks()
 };

@@ -7,7 +7,7 @@
 // interval packing, greedy by size (TFLite's "greedy by size" offset planner: Pisarchyk and Lee,
 // "Efficient Memory Management for Deep Neural Net Inference", 2020), with lifetimes on a circle
 // because a block allocated late in one iteration may be freed early in the next. Served at those
-// offsets from a range that stays mapped (PlannedArena), every iteration finds its memory mapped
+// offsets from a range that stays mapped (PlannedRange), every iteration finds its memory mapped
 // where it needs it: no driver calls, and the range is close to the loop's peak of live bytes.
 //
 // Time is counted in events (an allocation or a free each tick). The planner never sees a

@@ -47,9 +47,9 @@ DevicePtr PlanServer::serve(LiveBlock& rec, StreamId stream) {
   std::size_t phase = 0;
   if (!arena_ || arena_->missed()) {
     if (std::optional<Plan> plan = planner_->take_plan(phase)) {
-      if (arena_) retire(std::move(arena_));
+      if (arena_) end_plan(std::move(arena_));
       if (plan->live_peak != 0) {  // else nothing outlives its iteration: a longer loop may
-        arena_ = std::make_unique<PlannedArena>(ctx_.backend, std::move(*plan), phase);
+        arena_ = std::make_unique<PlannedRange>(ctx_.backend, std::move(*plan), phase);
         checked_visits_ = 0;
       }
     }
@@ -62,7 +62,7 @@ DevicePtr PlanServer::serve(LiveBlock& rec, StreamId stream) {
 bool PlanServer::free(DevicePtr ptr, const LiveBlock& rec) {
   if (planner_) planner_->on_free(rec.seq);
   if (!rec.planned) return false;
-  PlannedArena* a = arena_holding(ptr);
+  PlannedRange* a = arena_holding(ptr);
   CUARENA_ASSERT(a != nullptr, hex(ptr) + " planned but in no planned arena");
   if (Block* piece = a->free(ptr)) {  // a retired arena's last block in that piece
     give_back(piece, *a);
@@ -74,7 +74,7 @@ bool PlanServer::free(DevicePtr ptr, const LiveBlock& rec) {
 void PlanServer::drop() {
   if (!arena_) return;
   planner_->forget();
-  retire(std::move(arena_));
+  end_plan(std::move(arena_));
 }
 
 void PlanServer::drop_backed() {
@@ -84,7 +84,7 @@ void PlanServer::drop_backed() {
 // Over a lazy range (BlockPool::reserve_lazy): each part is backed when a block first lands
 // there, with the memory the pool caches as the loop's older blocks die, so the range never
 // stacks on top of that cache.
-void PlanServer::back(PlannedArena& a, StreamId stream) {
+void PlanServer::back(PlannedRange& a, StreamId stream) {
   const std::size_t bytes = round_up(a.plan().bytes, kMinBlockSize);
   if (pool_.segment_mode()) {
     // A segment comes backed whole: give the cache back first (the loop holds least now).
@@ -99,13 +99,13 @@ void PlanServer::back(PlannedArena& a, StreamId stream) {
 }
 
 // The rest of the range comes back as its blocks are freed (free() -> give_back()).
-void PlanServer::retire(std::unique_ptr<PlannedArena> a) {
+void PlanServer::end_plan(std::unique_ptr<PlannedRange> a) {
   for (Block* piece : a->carve(pool_, tuning::kLoopPlanCarveMinGap)) give_back(piece, *a);
   if (a->holds_memory()) draining_.push_back(std::move(a));
 }
 
 // The streams' work is fenced by events, as for a record_stream free.
-void PlanServer::give_back(Block* piece, const PlannedArena& a) {
+void PlanServer::give_back(Block* piece, const PlannedRange& a) {
   std::vector<EventId> events;
   for (StreamId s : a.streams()) {
     if (s == piece->stream) continue;
@@ -119,7 +119,7 @@ void PlanServer::give_back(Block* piece, const PlannedArena& a) {
   trimmed_ = false;  // this range becomes cache: the next quiet point gives it back
 }
 
-PlannedArena* PlanServer::arena_holding(DevicePtr ptr) const {
+PlannedRange* PlanServer::arena_holding(DevicePtr ptr) const {
   if (arena_ && arena_->contains(ptr)) return arena_.get();
   for (const auto& a : draining_) {
     if (a->contains(ptr)) return a.get();
@@ -129,7 +129,7 @@ PlannedArena* PlanServer::arena_holding(DevicePtr ptr) const {
 
 // A plan's range counts only where memory backs it (it is mapped as blocks first land).
 void PlanServer::free_extents(std::size_t& total, std::size_t& largest) const {
-  auto gaps = [&](const PlannedArena& a) {
+  auto gaps = [&](const PlannedRange& a) {
     a.for_each_gap([&](const Block* piece, DevicePtr lo, DevicePtr hi) {
       pool_.mapped_extents(piece, lo, hi, total, largest);
     });
@@ -139,7 +139,7 @@ void PlanServer::free_extents(std::size_t& total, std::size_t& largest) const {
 }
 
 void PlanServer::check_block(DevicePtr ptr, std::size_t size) const {
-  const PlannedArena* a = arena_holding(ptr);
+  const PlannedRange* a = arena_holding(ptr);
   CUARENA_CHECK(a != nullptr && a->piece(ptr) != nullptr,
                 hex(ptr) + " planned but in no planned arena");
   CUARENA_CHECK(pool_.backed(a->piece(ptr), ptr, size), hex(ptr) + " planned, not backed");

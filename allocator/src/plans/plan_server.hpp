@@ -1,7 +1,7 @@
 // PlanServer: serves requests from the installed loop plan (config loop_plan).
 //
 // It tells the LoopPlanner about every request and free, installs each plan the planner hands
-// out (on trial first, then backed over a lazy pool range: PlannedArena), serves the requests
+// out (on trial first, then backed over a lazy pool range: PlannedRange), serves the requests
 // the plan foresaw at their offsets, and gives a plan's range back to the pool when a longer
 // loop's plan replaces it or memory is short. Blocks it serves count in the large pool, whose
 // memory (the plan's range) they use.
@@ -22,7 +22,7 @@
 #include "front/live_table.hpp"
 #include "large/block_pool.hpp"
 #include "plans/loop_planner.hpp"
-#include "plans/planned_arena.hpp"
+#include "plans/planned_range.hpp"
 
 namespace cuarena::detail {
 
@@ -78,19 +78,19 @@ class PlanServer {
 
  private:
   /// Puts a plan that passed its trial in use over a lazy pool range.
-  void back(PlannedArena& a, StreamId stream);
+  void back(PlannedRange& a, StreamId stream);
   /// Stops placing in `a` and gives the pool every part of its range no live block uses.
-  void retire(std::unique_ptr<PlannedArena> a);
+  void end_plan(std::unique_ptr<PlannedRange> a);
   /// Frees a piece of `a`'s backing into the pool once every stream that used `a` is done.
-  void give_back(Block* piece, const PlannedArena& a);
-  PlannedArena* arena_holding(DevicePtr ptr) const;
+  void give_back(Block* piece, const PlannedRange& a);
+  PlannedRange* arena_holding(DevicePtr ptr) const;
 
   Context& ctx_;
   BlockPool& pool_;
   Host& host_;
   std::unique_ptr<LoopPlanner> planner_;  // null unless config loop_plan
-  std::unique_ptr<PlannedArena> arena_;   // the plan in use
-  std::vector<std::unique_ptr<PlannedArena>> draining_;
+  std::unique_ptr<PlannedRange> arena_;   // the plan in use
+  std::vector<std::unique_ptr<PlannedRange>> draining_;
   bool trimmed_ = false;            // the pool's cache was given back after the plan's first period
   std::size_t checked_visits_ = 0;  // arena_->quiet_visits() at the last quiet point seen
 };

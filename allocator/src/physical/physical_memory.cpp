@@ -1,4 +1,4 @@
-#include "physical/physical_pool.hpp"
+#include "physical/physical_memory.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -8,7 +8,7 @@
 
 namespace cuarena::detail {
 
-PhysicalPool::~PhysicalPool() {
+PhysicalMemory::~PhysicalMemory() {
   for (auto& [id, c] : chunks_) {
     try {
       ctx_.backend.release_physical(c.handle);
@@ -17,13 +17,13 @@ PhysicalPool::~PhysicalPool() {
   }
 }
 
-PhysRef PhysicalPool::take_idle() {
+PhysRef PhysicalMemory::take_idle() {
   const PhysRef p = idle_.back();
   take(p);
   return p;
 }
 
-void PhysicalPool::take(PhysRef p) {
+void PhysicalMemory::take(PhysRef p) {
   Chunk& c = chunks_.at(p.chunk);
   const std::uint32_t pos = c.idle_pos[p.offset];
   CUARENA_ASSERT(pos != kNotIdle, "taking a physical granule that is not idle");
@@ -35,7 +35,7 @@ void PhysicalPool::take(PhysRef p) {
   --c.idle;
 }
 
-void PhysicalPool::put_idle(PhysRef p) {
+void PhysicalMemory::put_idle(PhysRef p) {
   Chunk& c = chunks_.at(p.chunk);
   c.idle_pos[p.offset] = std::uint32_t(idle_.size());
   idle_.push_back(p);
@@ -43,7 +43,7 @@ void PhysicalPool::put_idle(PhysRef p) {
 }
 
 namespace {
-void erase_mapping(std::vector<PhysicalPool::Mapping>& list, PhysicalPool::Mapping m,
+void erase_mapping(std::vector<PhysicalMemory::Mapping>& list, PhysicalMemory::Mapping m,
                    const char* what) {
   auto it = std::find(list.begin(), list.end(), m);
   CUARENA_ASSERT(it != list.end(), std::string(what) + " not recorded");
@@ -51,19 +51,19 @@ void erase_mapping(std::vector<PhysicalPool::Mapping>& list, PhysicalPool::Mappi
 }
 }  // namespace
 
-void PhysicalPool::add_dormant(PhysRef p, Mapping m) {
+void PhysicalMemory::add_dormant(PhysRef p, Mapping m) {
   chunks_.at(p.chunk).dormant[p.offset].push_back(m);
 }
 
-void PhysicalPool::remove_dormant(PhysRef p, Mapping m) {
+void PhysicalMemory::remove_dormant(PhysRef p, Mapping m) {
   erase_mapping(chunks_.at(p.chunk).dormant[p.offset], m, "removing a dormant mapping");
 }
 
-const std::vector<PhysicalPool::Mapping>& PhysicalPool::dormant(PhysRef p) const {
+const std::vector<PhysicalMemory::Mapping>& PhysicalMemory::dormant(PhysRef p) const {
   return chunks_.at(p.chunk).dormant[p.offset];
 }
 
-PhysRef PhysicalPool::create(std::size_t granules, bool whole) {
+PhysRef PhysicalMemory::create(std::size_t granules, bool whole) {
   const std::size_t bytes = granules * ctx_.granule;
   if (ctx_.reserved() + bytes > ctx_.limit) return {};
   const PhysHandle h =
@@ -82,7 +82,7 @@ PhysRef PhysicalPool::create(std::size_t granules, bool whole) {
   return {id, 0};
 }
 
-void PhysicalPool::discard(std::uint32_t chunk) {
+void PhysicalMemory::discard(std::uint32_t chunk) {
   auto it = chunks_.find(chunk);
   const std::size_t bytes = it->second.granules * ctx_.granule;
   if (it->second.whole) drop_idle_whole(chunk);
@@ -92,40 +92,40 @@ void PhysicalPool::discard(std::uint32_t chunk) {
   chunks_.erase(it);
 }
 
-void PhysicalPool::add_idle_whole(std::uint32_t chunk) {
+void PhysicalMemory::add_idle_whole(std::uint32_t chunk) {
   const std::size_t n = chunks_.at(chunk).granules;
   if (idle_whole_.insert({n, chunk}).second) idle_whole_granules_ += n;
 }
 
-bool PhysicalPool::drop_idle_whole(std::uint32_t chunk) {
+bool PhysicalMemory::drop_idle_whole(std::uint32_t chunk) {
   const std::size_t n = chunks_.at(chunk).granules;
   if (idle_whole_.erase({n, chunk}) == 0) return false;
   idle_whole_granules_ -= n;
   return true;
 }
 
-void PhysicalPool::take_whole(std::uint32_t chunk) {
+void PhysicalMemory::take_whole(std::uint32_t chunk) {
   Chunk& c = chunks_.at(chunk);
   const bool idle_whole = c.whole && drop_idle_whole(chunk);  // drops it: not inside the assert
   CUARENA_CHECK(idle_whole, "taking a whole chunk that is not idle");
   c.idle = 0;
 }
 
-void PhysicalPool::put_idle_whole(std::uint32_t chunk) {
+void PhysicalMemory::put_idle_whole(std::uint32_t chunk) {
   chunks_.at(chunk).idle = chunks_.at(chunk).granules;
   add_idle_whole(chunk);
 }
 
-std::uint32_t PhysicalPool::largest_idle_whole(std::size_t max_granules) const {
+std::uint32_t PhysicalMemory::largest_idle_whole(std::size_t max_granules) const {
   auto it = idle_whole_.upper_bound({max_granules, UINT32_MAX});
   return it == idle_whole_.begin() ? 0 : std::prev(it)->second;
 }
 
-void PhysicalPool::mapped(PhysRef p, Mapping m) {
+void PhysicalMemory::mapped(PhysRef p, Mapping m) {
   chunks_.at(p.chunk).active[p.offset].push_back(m);
 }
 
-void PhysicalPool::unmapped(PhysRef p, Mapping m) {
+void PhysicalMemory::unmapped(PhysRef p, Mapping m) {
   Chunk& c = chunks_.at(p.chunk);
   auto& list = c.active[p.offset];
   erase_mapping(list, m, "unmapping an active mapping");
@@ -136,7 +136,7 @@ void PhysicalPool::unmapped(PhysRef p, Mapping m) {
     add_idle_whole(p.chunk);
 }
 
-std::size_t PhysicalPool::release_idle_chunks() {
+std::size_t PhysicalMemory::release_idle_chunks() {
   std::vector<std::uint32_t> idle_chunks;
   for (const auto& [id, c] : chunks_) {
     const bool dormant = std::any_of(c.dormant.begin(), c.dormant.end(),

@@ -1,4 +1,4 @@
-// SlabArena: small requests from size-class slabs.
+// SlabSet: small requests from size-class slabs.
 //
 // A slab is one allocated BlockPool block of `per_slab` equal slots of one size class, owned by
 // one stream (slots freed there are reused there at once, in stream order). Slot metadata lives
@@ -33,7 +33,7 @@ struct Slab {
   std::uint32_t bumped = 0;          ///< slots [0, bumped) have been handed out at least once
   std::vector<std::uint32_t> freed;  ///< freed slot indices below `bumped`
   static constexpr std::size_t kMaxSlots = tuning::kMaxSlabSlots;
-  Link<Slab> all;  ///< SlabArena::all_
+  Link<Slab> all;  ///< SlabSet::all_
   DevicePtr base() const { return block->addr; }
 };
 
@@ -41,13 +41,13 @@ struct ByAddress {
   bool operator()(const Slab* a, const Slab* b) const { return a->base() < b->base(); }
 };
 
-class SlabArena {
+class SlabSet {
  public:
-  SlabArena(Context& ctx, BlockPool& pool, const SizeClasses& classes)
+  SlabSet(Context& ctx, BlockPool& pool, const SizeClasses& classes)
       : ctx_(ctx), pool_(pool), classes_(classes) {}
-  ~SlabArena();
-  SlabArena(const SlabArena&) = delete;
-  SlabArena& operator=(const SlabArena&) = delete;
+  ~SlabSet();
+  SlabSet(const SlabSet&) = delete;
+  SlabSet& operator=(const SlabSet&) = delete;
 
   /// A slot of class `cls` for `stream`; nullptr when a new slab cannot be had (pool refused).
   DevicePtr allocate(std::size_t cls, StreamId stream, Slab*& slab);

@@ -1,4 +1,4 @@
-// PhysicalPool: the physical memory cuarena holds (reserved_bytes), in chunks of granules.
+// PhysicalMemory: the physical memory cuarena holds (reserved_bytes), in chunks of granules.
 //
 // A chunk is created for a shortfall of n granules in one backend call. Each of its granules is
 // actively mapped at zero or more virtual granules (more than one while an alias made for
@@ -34,12 +34,12 @@
 
 namespace cuarena::detail {
 
-class PhysicalPool {
+class PhysicalMemory {
  public:
-  explicit PhysicalPool(Context& ctx) : ctx_(ctx) {}
-  ~PhysicalPool();  // releases every chunk; callers unmap first
-  PhysicalPool(const PhysicalPool&) = delete;
-  PhysicalPool& operator=(const PhysicalPool&) = delete;
+  explicit PhysicalMemory(Context& ctx) : ctx_(ctx) {}
+  ~PhysicalMemory();  // releases every chunk; callers unmap first
+  PhysicalMemory(const PhysicalMemory&) = delete;
+  PhysicalMemory& operator=(const PhysicalMemory&) = delete;
 
   /// A virtual granule that maps a physical one.
   struct Mapping {

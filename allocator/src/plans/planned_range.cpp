@@ -1,4 +1,4 @@
-#include "plans/planned_arena.hpp"
+#include "plans/planned_range.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -8,13 +8,13 @@
 
 namespace cuarena::detail {
 
-PlannedArena::PlannedArena(DeviceBackend& backend, Plan plan, std::size_t phase)
+PlannedRange::PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase)
     : backend_(backend), plan_(std::move(plan)), cursor_(phase) {
   CUARENA_ASSERT(!plan_.entries.empty() && cursor_ < plan_.entries.size(),
                  "a plan needs entries and a phase among them");
 }
 
-void PlannedArena::attach(Block* backing) {
+void PlannedRange::attach(Block* backing) {
   CUARENA_ASSERT(
       trial() && backing != nullptr && backing->allocated && backing->size >= plan_.bytes,
       "a planned arena needs an allocated block as large as its plan");
@@ -24,19 +24,19 @@ void PlannedArena::attach(Block* backing) {
   held_.emplace(base_, backing);
 }
 
-Block* PlannedArena::piece(DevicePtr ptr) const {
+Block* PlannedRange::piece(DevicePtr ptr) const {
   if (!contains(ptr)) return nullptr;
   Block* b = std::prev(held_.upper_bound(ptr))->second;
   return ptr < b->end() ? b : nullptr;
 }
 
-void PlannedArena::unplace(DevicePtr ptr) {
+void PlannedRange::unplace(DevicePtr ptr) {
   const auto it = live_.find(std::size_t(ptr - base_));
   CUARENA_ASSERT(contains(ptr) && it != live_.end(), "unplace: not a block of the arena");
   live_.erase(it);
 }
 
-std::vector<Block*> PlannedArena::carve(BlockPool& pool, std::size_t min_gap) {
+std::vector<Block*> PlannedRange::carve(BlockPool& pool, std::size_t min_gap) {
   std::vector<Block*> out;
   if (trial() || backing_ == nullptr) return out;  // on trial, or carved already
   Block* piece = held_.begin()->second;            // [pos, end): not yet cut
@@ -71,11 +71,11 @@ std::vector<Block*> PlannedArena::carve(BlockPool& pool, std::size_t min_gap) {
   return out;
 }
 
-PlannedArena::~PlannedArena() {
+PlannedRange::~PlannedRange() {
   for (const Fence& f : fences_) backend_.release_event(f.event);
 }
 
-DevicePtr PlannedArena::place(const Token& token, const TokenWindow& window) {
+DevicePtr PlannedRange::place(const Token& token, const TokenWindow& window) {
   const std::size_t n = plan_.entries.size();
   std::size_t k = cursor_;
   if (!synced_ || !(plan_.entries[k].token == token)) {
@@ -100,7 +100,7 @@ DevicePtr PlannedArena::place(const Token& token, const TokenWindow& window) {
   return base_ + e.offset;
 }
 
-bool PlannedArena::available(std::size_t offset, std::size_t size, StreamId stream) {
+bool PlannedRange::available(std::size_t offset, std::size_t size, StreamId stream) {
   const std::size_t end = offset + size;
   auto next = live_.lower_bound(offset);
   if (next != live_.end() && next->first < end) return false;
@@ -120,7 +120,7 @@ bool PlannedArena::available(std::size_t offset, std::size_t size, StreamId stre
   return true;
 }
 
-Block* PlannedArena::free(DevicePtr ptr) {
+Block* PlannedRange::free(DevicePtr ptr) {
   const auto it = live_.find(std::size_t(ptr - base_));
   CUARENA_ASSERT(contains(ptr) && it != live_.end(),
                  "freeing a block the planned arena does not hold");
@@ -138,7 +138,7 @@ Block* PlannedArena::free(DevicePtr ptr) {
   return b;
 }
 
-void PlannedArena::check_invariants() const {
+void PlannedRange::check_invariants() const {
   auto broken = [](const std::string& what) {
     throw std::logic_error("cuarena invariant violated: planned arena: " + what);
   };

@@ -1,4 +1,4 @@
-// PlannedArena: serves a loop's requests at the offsets a Plan gives them, inside one pool
+// PlannedRange: serves a loop's requests at the offsets a Plan gives them, inside one pool
 // block that stays allocated while the plan is in use: a lazy one (BlockPool::reserve_lazy),
 // whose parts the allocator backs as blocks first land there, and which stay mapped.
 //
@@ -27,14 +27,14 @@
 
 namespace cuarena::detail {
 
-class PlannedArena {
+class PlannedRange {
  public:
   /// A plan on trial (no memory yet: place() follows the requests and serves none); `phase`:
   /// the entry the next request corresponds to.
-  PlannedArena(DeviceBackend& backend, Plan plan, std::size_t phase);
-  ~PlannedArena();
-  PlannedArena(const PlannedArena&) = delete;
-  PlannedArena& operator=(const PlannedArena&) = delete;
+  PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase);
+  ~PlannedRange();
+  PlannedRange(const PlannedRange&) = delete;
+  PlannedRange& operator=(const PlannedRange&) = delete;
 
   /// Follows one request (`window` includes it). Returns where to serve it in the arena,
   /// or 0 to serve it elsewhere.

@@ -1,4 +1,4 @@
-#include "slabs/slab_arena.hpp"
+#include "slabs/slab_set.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -8,7 +8,7 @@
 
 namespace cuarena::detail {
 
-SlabArena::~SlabArena() {
+SlabSet::~SlabSet() {
   // The pool's destructor unmaps the memory; only host metadata is ours to free.
   while (!all_.empty()) {
     Slab* s = all_.front();
@@ -17,7 +17,7 @@ SlabArena::~SlabArena() {
   }
 }
 
-std::vector<SlabArena::ClassState>& SlabArena::stream_classes(StreamId stream) {
+std::vector<SlabSet::ClassState>& SlabSet::stream_classes(StreamId stream) {
   if (last_classes_ != nullptr && stream == last_stream_) return *last_classes_;
   auto& classes = streams_[stream];  // node-based, never erased: the pointer stays valid
   if (classes.empty()) classes.resize(classes_.count());
@@ -26,7 +26,7 @@ std::vector<SlabArena::ClassState>& SlabArena::stream_classes(StreamId stream) {
   return classes;
 }
 
-Slab* SlabArena::new_slab(std::size_t cls, StreamId stream) {
+Slab* SlabSet::new_slab(std::size_t cls, StreamId stream) {
   const std::size_t slot = classes_.size(cls);
   const std::size_t slots =
       std::min(Slab::kMaxSlots, std::max<std::size_t>(1, ctx_.config.slab_size / slot));
@@ -57,7 +57,7 @@ Slab* SlabArena::new_slab(std::size_t cls, StreamId stream) {
   return s;
 }
 
-void SlabArena::release(Slab* s) {
+void SlabSet::release(Slab* s) {
   ctx_.stats.reserved_bytes[int(Pool::kSmall)].decrease(std::int64_t(s->block->size));
   ctx_.stats.reserved_bytes[int(Pool::kLarge)].increase(std::int64_t(s->block->size));
   ctx_.stats.segment[int(Pool::kAll)].decrease(1);
@@ -70,7 +70,7 @@ void SlabArena::release(Slab* s) {
   spare_.emplace_back(s);
 }
 
-DevicePtr SlabArena::allocate(std::size_t cls, StreamId stream, Slab*& slab) {
+DevicePtr SlabSet::allocate(std::size_t cls, StreamId stream, Slab*& slab) {
   ClassState& cs = stream_classes(stream)[cls];
   Slab* s = nullptr;
   if (!cs.partial.empty()) {
@@ -92,7 +92,7 @@ DevicePtr SlabArena::allocate(std::size_t cls, StreamId stream, Slab*& slab) {
   return s->base() + DevicePtr(slot) * s->slot_size;
 }
 
-void SlabArena::deallocate(Slab* s, DevicePtr ptr) {
+void SlabSet::deallocate(Slab* s, DevicePtr ptr) {
   ClassState& cs = stream_classes(s->stream)[s->cls];
   const auto slot = std::uint32_t((ptr - s->base()) / s->slot_size);
   const bool was_full = s->used == s->slots;
@@ -108,7 +108,7 @@ void SlabArena::deallocate(Slab* s, DevicePtr ptr) {
   if (was_full) cs.partial.insert(s);
 }
 
-void SlabArena::free_extents(std::size_t& total, std::size_t& largest) const {
+void SlabSet::free_extents(std::size_t& total, std::size_t& largest) const {
   total = largest = 0;
   std::vector<std::uint8_t> in_use;
   auto visit = [&](const Slab* s) {
@@ -133,7 +133,7 @@ void SlabArena::free_extents(std::size_t& total, std::size_t& largest) const {
   }
 }
 
-void SlabArena::check_invariants() const {
+void SlabSet::check_invariants() const {
   for (const auto& [stream, classes] : streams_) {
     for (std::size_t c = 0; c < classes.size(); ++c) {
       const ClassState& cs = classes[c];
