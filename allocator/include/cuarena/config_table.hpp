@@ -38,7 +38,9 @@ struct ConfigKey {
   std::string values;  ///< what is accepted ("a number in [0, 1]"): errors and the Markdown table
   std::string doc;     ///< what it does, one line of Markdown
   std::function<void(T&, const ConfigItem&)> set;  ///< reads, checks and stores; item.bad() if not
-  std::function<std::string(const T&)> get;        ///< the value in parse syntax (round-trips)
+  /// The value in parse syntax (round-trips); empty: the key is unset and config_string() leaves
+  /// it out (a setting the syntax cannot write, such as one that is off by being absent).
+  std::function<std::string(const T&)> get;
 };
 
 template <class T>
@@ -74,11 +76,15 @@ struct ConfigTarget {
 /// target's keys, a bad value says what the key expects, a syntax error says where.
 void parse_config(std::string_view text, const std::vector<ConfigTarget>& targets);
 
-/// `key:value,...` of every key of `table`, in table order; parse_config() reads it back equal.
+/// `key:value,...` of every key of `table` that is set (its get() is not empty), in table order;
+/// parse_config() reads it back equal.
 template <class T>
 std::string config_string(const ConfigTable<T>& table, const T& object) {
   std::string out;
-  for (const ConfigKey<T>& k : table) out += (out.empty() ? "" : ",") + k.key + ":" + k.get(object);
+  for (const ConfigKey<T>& k : table) {
+    const std::string value = k.get(object);
+    if (!value.empty()) out += (out.empty() ? "" : ",") + k.key + ":" + value;
+  }
   return out;
 }
 

@@ -100,6 +100,75 @@ TEST(TorchConf, RoundupPower2DivisionsListsAsPyTorch) {
   for (auto [mb, div] : want_b) EXPECT_EQ(b.divisions_for(mb * MiB), div) << mb << " MB";
 }
 
+// One line naming PyTorch's settings, the key and where it is.
+TEST(TorchConf, ErrorsNameTheSettingsTheKeyAndItsPosition) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"max_split_size_mb:64,pinned_num_register_threads:8",
+       "PyTorch allocator settings: unknown key 'pinned_num_register_threads' at position 21; "
+       "valid keys: expandable_segments, garbage_collection_threshold, "
+       "max_non_split_rounding_mb, max_split_size_mb, roundup_power2_divisions"},
+      {"max_split_size_mb:64, garbage_collection_threshold:1.0",
+       "PyTorch allocator settings: bad value \"1.0\" for key 'garbage_collection_threshold' at "
+       "position 22: expected a number in (0, 1)"},
+      {"roundup_power2_divisions:[256:1,100:2]",
+       "PyTorch allocator settings: bad value \"[256:1,100:2]\" for key "
+       "'roundup_power2_divisions' at position 0: expected a power of two, or "
+       "[MB:divisions,...,>:divisions] with MB a power of two and divisions a power of two or 0"},
+  };
+  for (const auto& [text, want] : cases) {
+    try {
+      TorchConf::parse(text);
+      ADD_FAILURE() << text << ": no error";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()), want);
+    }
+  }
+}
+
+// PyTorch's tokenizer drops whitespace, inside values too.
+TEST(TorchConf, WhitespaceInsideValuesIsDropped) {
+  EXPECT_EQ(TorchConf::parse(" roundup_power2_divisions : [ 256 : 1 , > : 4 , ] , "
+                             "max_split_size_mb: 6 4 ,expandable_segments: Tr ue"),
+            TorchConf::parse("roundup_power2_divisions:[256:1,>:4,],max_split_size_mb:64,"
+                             "expandable_segments:True"));
+}
+
+// A repeated list changes only the intervals it reaches, as PyTorch's parser does.
+TEST(TorchConf, RepeatedDivisionsListKeepsTheIntervalsItDoesNotReach) {
+  const TorchConf c =
+      TorchConf::parse("roundup_power2_divisions:[256:1,>:4],roundup_power2_divisions:[1024:2]");
+  EXPECT_EQ(c.divisions_for(1 * MiB), 2u);
+  EXPECT_EQ(c.divisions_for(1024 * MiB), 2u);
+  EXPECT_EQ(c.divisions_for(4096 * MiB), 4u);
+}
+
+TEST(TorchConf, ConfigStringReadsBackEqual) {
+  const auto round_trip = [](const TorchConf& c) {
+    return TorchConf::parse(config_string(TorchConf::table(), c));
+  };
+  // Settings that are off by being absent are left out.
+  EXPECT_EQ(config_string(TorchConf::table(), TorchConf{}),
+            "max_non_split_rounding_mb:20,max_split_size_mb:17592186044415");
+  EXPECT_EQ(round_trip(TorchConf{}), TorchConf{});
+  for (const char* text :
+       {"max_split_size_mb:64,roundup_power2_divisions:[256:1,512:2,>:4],"
+        "garbage_collection_threshold:0.6",
+        "roundup_power2_divisions:[128:8,256:16,512:1,2048:8,>:2],expandable_segments:False,"
+        "max_non_split_rounding_mb:256",
+        "roundup_power2_divisions:4,expandable_segments:True,max_split_size_mb:20",
+        "max_split_size_mb:99999999999999"}) {
+    const TorchConf c = TorchConf::parse(text);
+    EXPECT_EQ(round_trip(c), c) << text << " -> " << config_string(TorchConf::table(), c);
+  }
+  EXPECT_EQ(config_string(TorchConf::table(), TorchConf::parse("roundup_power2_divisions:4")),
+            "max_non_split_rounding_mb:20,max_split_size_mb:17592186044415,"
+            "roundup_power2_divisions:[1:4,2:4,4:4,8:4,16:4,32:4,64:4,128:4,256:4,512:4,1024:4,"
+            "2048:4,4096:4,8192:4,16384:4,>:4]");
+  // PyTorch caps the MB at SIZE_MAX / MB, which is no limit.
+  EXPECT_EQ(TorchConf::parse("max_split_size_mb:99999999999999").max_split_size,
+            TorchConf::kNoLimit);
+}
+
 // ---- sizes ----
 
 TEST(TorchSimRules, RoundsTo512Bytes) {

@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <bit>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
-#include <stdexcept>
+#include <cstdlib>
+#include <string_view>
 
+#include "cuarena/config_table.hpp"
 #include "cuarena/errors.hpp"
 #include "cuarena/replay/replay_loop.hpp"
 #include "cuarena/segment_size.hpp"
@@ -36,146 +39,151 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t step) { return (v + step -
 
 // ---- PYTORCH_CUDA_ALLOC_CONF (AllocatorConfig::parseArgs and its helpers) ----
 
-const char* const kKnownKeys =
-    "expandable_segments, garbage_collection_threshold, max_non_split_rounding_mb, "
-    "max_split_size_mb, roundup_power2_divisions";
-
-// ConfigTokenizer: ',', ':', '[' and ']' are tokens of their own; whitespace is dropped.
-std::vector<std::string> tokenize(const std::string& text) {
-  std::vector<std::string> out;
-  std::string word;
-  for (char c : text) {
-    if (c == ',' || c == ':' || c == '[' || c == ']') {
-      if (!word.empty()) out.push_back(std::move(word));
-      word.clear();
-      out.emplace_back(1, c);
-    } else if (!std::isspace(static_cast<unsigned char>(c))) {
-      word += c;
-    }
+// The value as PyTorch's ConfigTokenizer sees it: whitespace is dropped, inside it too.
+std::string compact(const ConfigItem& item) {
+  std::string out;
+  for (char c : item.value) {
+    if (!std::isspace(static_cast<unsigned char>(c))) out += c;
   }
-  if (!word.empty()) out.push_back(std::move(word));
   return out;
 }
 
-class ConfReader {
- public:
-  explicit ConfReader(const std::string& text) : text_(text), tokens_(tokenize(text)) {}
-  bool done() const { return i_ >= tokens_.size(); }
-  const std::string& peek() const { return at(i_); }
-  const std::string& next() { return at(i_++); }
-  void expect(const std::string& token, const std::string& key) {
-    if (done() || peek() != token) fail(key, "expected '" + token + "'");
-    ++i_;
-  }
-  std::uint64_t number(const std::string& key) {
-    const std::string& t = next();
-    if (!all_digits(t)) fail(key, "expected a whole number, got '" + t + "'");
-    return std::stoull(t);
-  }
-  double real(const std::string& key) {
-    const std::string& t = next();
-    std::size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(t, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != t.size() || t.empty()) fail(key, "expected a number, got '" + t + "'");
-    return v;
-  }
-  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
-    throw ConfigError("PyTorch allocator settings '" + text_ + "': " + key + ": " + why);
-  }
+const std::string kSizeMbValues = "a whole number of MB, at least 20";
 
- private:
-  const std::string& at(std::size_t i) const {
-    static const std::string end;
-    return i < tokens_.size() ? tokens_[i] : end;
-  }
-  std::string text_;
-  std::vector<std::string> tokens_;
-  std::size_t i_ = 0;
-};
+// max_split_size_mb, max_non_split_rounding_mb: PyTorch refuses values below
+// large_segment_size_mb (20) and caps them at SIZE_MAX / MB, which max_split_size reads as no
+// limit.
+std::uint64_t read_size_mb(const ConfigItem& item, bool cap_is_no_limit) {
+  const std::string t = compact(item);
+  if (!all_digits(t) || std::stoull(t) < kLargeBuffer / kMiB) item.bad(kSizeMbValues);
+  const std::uint64_t cap = TorchConf::kNoLimit / kMiB;
+  const std::uint64_t mb = std::min<std::uint64_t>(std::stoull(t), cap);
+  return mb == cap && cap_is_no_limit ? TorchConf::kNoLimit : mb * kMiB;
+}
 
-std::uint64_t parse_size_mb(ConfReader& in, const std::string& key) {
-  const std::uint64_t mb = in.number(key);
-  // PyTorch refuses values below large_segment_size_mb (20).
-  if (mb < kLargeBuffer / kMiB) in.fail(key, "must be at least 20 (MB)");
-  return mb * kMiB;
+ConfigKey<TorchConf> size_mb_key(std::string key, std::uint64_t TorchConf::*member,
+                                 bool cap_is_no_limit, std::string doc) {
+  return {std::move(key), kSizeMbValues, std::move(doc),
+          [=](TorchConf& c, const ConfigItem& i) { c.*member = read_size_mb(i, cap_is_no_limit); },
+          [=](const TorchConf& c) {
+            return std::to_string(c.*member == TorchConf::kNoLimit ? TorchConf::kNoLimit / kMiB
+                                                                   : c.*member / kMiB);
+          }};
+}
+
+const std::string kGcValues = "a number in (0, 1)";
+
+double read_gc_threshold(const ConfigItem& item) {
+  const std::string t = compact(item);
+  char* end = nullptr;
+  errno = 0;
+  const double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
+  if (t.empty() || *end != '\0' || errno == ERANGE || !(v > 0 && v < 1)) item.bad(kGcValues);
+  return v;
+}
+
+const std::string kDivisionsValues =
+    "a power of two, or [MB:divisions,...,>:divisions] with MB a power of two and divisions a "
+    "power of two or 0";
+
+// A power of two (or 0 where `zero_ok`); item.bad() otherwise.
+std::uint64_t read_divisions(const ConfigItem& item, const std::string& t, bool zero_ok) {
+  if (!all_digits(t)) item.bad(kDivisionsValues);
+  const std::uint64_t v = std::stoull(t);
+  if ((v == 0 && !zero_ok) || (v != 0 && !std::has_single_bit(v))) item.bad(kDivisionsValues);
+  return v;
 }
 
 // parseRoundUpPower2Divisions: one power of two for every size, or [MB:divisions,...,>:divisions]
-// where the first entry also covers every interval below it and '>' every interval above the last.
-void parse_divisions(ConfReader& in, TorchConf& conf) {
-  const std::string key = "roundup_power2_divisions";
-  auto divisions = [&](bool zero_ok) {
-    const std::uint64_t v = in.number(key);
-    if ((v == 0 && !zero_ok) || (v != 0 && !std::has_single_bit(v)))
-      in.fail(key, "divisions must be a power of two" + std::string(zero_ok ? " or 0" : ""));
-    return v;
-  };
-  if (in.peek() != "[") {
-    conf.roundup_power2_divisions.fill(divisions(false));
+// where the first entry also covers every interval below it and '>' every interval above the last;
+// a list leaves the intervals it does not reach as they were (a repeated key), as PyTorch's does.
+void read_divisions_list(const ConfigItem& item, TorchConf::Divisions& d) {
+  const std::string t = compact(item);
+  if (t.empty() || t.front() != '[') {
+    d.fill(read_divisions(item, t, false));
     return;
   }
-  in.next();
+  if (t.back() != ']') item.bad(kDivisionsValues);
+  const std::string list = t.substr(1, t.size() - 2);
   bool first = true;
   std::size_t last = 0;
-  while (!in.done() && in.peek() != "]") {
-    const std::string bound = in.next();
-    in.expect(":", key);
-    const std::uint64_t value = divisions(true);
-    auto& d = conf.roundup_power2_divisions;
+  std::size_t at = 0;
+  while (at < list.size()) {  // entries `bound:divisions`, a trailing ',' allowed
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    const std::string entry = list.substr(at, comma - at);
+    at = comma + 1;
+    const std::size_t colon = entry.find(':');
+    if (colon == std::string::npos) item.bad(kDivisionsValues);
+    const std::string bound = entry.substr(0, colon);
+    const std::uint64_t value = read_divisions(item, entry.substr(colon + 1), true);
     if (bound == ">") {
       std::fill(d.begin() + std::min(last + 1, d.size()), d.end(), value);
-    } else {
-      if (!all_digits(bound) || !std::has_single_bit(std::stoull(bound)))
-        in.fail(key, "interval '" + bound + "' must be a power of two (MB)");
-      const std::size_t index =
-          std::min<std::size_t>(std::bit_width(std::stoull(bound)) - 1, d.size() - 1);
-      if (first) std::fill(d.begin(), d.begin() + index, value);
-      first = false;
-      d[index] = value;
-      last = index;
+      continue;
     }
-    if (!in.done() && in.peek() != "]") in.expect(",", key);
+    if (!all_digits(bound) || !std::has_single_bit(std::stoull(bound))) item.bad(kDivisionsValues);
+    const std::size_t index =
+        std::min<std::size_t>(std::bit_width(std::stoull(bound)) - 1, d.size() - 1);
+    if (first) std::fill(d.begin(), d.begin() + index, value);
+    first = false;
+    d[index] = value;
+    last = index;
   }
-  in.expect("]", key);
 }
 
-bool parse_bool(ConfReader& in, const std::string& key) {
-  const std::string v = in.next();
-  if (v != "True" && v != "False") in.fail(key, "expected True or False, got '" + v + "'");
-  return v == "True";
+// Every interval written out, 1 MB up, the last as '>'; empty when all are 0 (the default).
+std::string divisions_text(const TorchConf::Divisions& d) {
+  if (std::all_of(d.begin(), d.end(), [](std::uint64_t v) { return v == 0; })) return "";
+  std::string out = "[";
+  for (std::size_t i = 0; i + 1 < d.size(); ++i)
+    out += std::to_string(std::uint64_t{1} << i) + ":" + std::to_string(d[i]) + ",";
+  return out + ">:" + std::to_string(d.back()) + "]";
 }
 
 }  // namespace
 
+const ConfigTable<TorchConf>& TorchConf::table() {
+  using C = TorchConf;
+  static const ConfigTable<TorchConf> rows = {
+      {"expandable_segments", "True or False",
+       "the torch-*-sim row it names (checked against --allocator)",
+       [](C& c, const ConfigItem& i) {
+         const std::string v = compact(i);
+         if (v != "True" && v != "False") i.bad("True or False");
+         c.expandable_segments = v == "True";
+       },
+       [](const C& c) {
+         return c.expandable_segments ? std::string(*c.expandable_segments ? "True" : "False")
+                                      : std::string();
+       }},
+      {"garbage_collection_threshold", kGcValues,
+       "fraction of the memory fraction above which cached blocks are freed (0: off)",
+       [](C& c, const ConfigItem& i) { c.garbage_collection_threshold = read_gc_threshold(i); },
+       [](const C& c) {
+         return c.garbage_collection_threshold == 0 ? std::string()
+                                                    : real_text(c.garbage_collection_threshold);
+       }},
+      size_mb_key("max_non_split_rounding_mb", &C::max_non_split_rounding, false,
+                  "largest rounding up when an oversize block serves a request"),
+      size_mb_key("max_split_size_mb", &C::max_split_size, true,
+                  "blocks at least this large are never split"),
+      {"roundup_power2_divisions", kDivisionsValues,
+       "steps between powers of two that request sizes round up to, per interval",
+       [](C& c, const ConfigItem& i) { read_divisions_list(i, c.roundup_power2_divisions); },
+       [](const C& c) { return divisions_text(c.roundup_power2_divisions); }},
+  };
+  return rows;
+}
+
 TorchConf TorchConf::parse(const std::string& text) {
   TorchConf conf;
-  ConfReader in(text);
-  while (!in.done()) {
-    const std::string key = in.next();
-    if (key == ",") continue;  // PyTorch accepts a trailing comma
-    in.expect(":", key);
-    if (key == "max_split_size_mb") {
-      conf.max_split_size = parse_size_mb(in, key);
-    } else if (key == "max_non_split_rounding_mb") {
-      conf.max_non_split_rounding = parse_size_mb(in, key);
-    } else if (key == "garbage_collection_threshold") {
-      conf.garbage_collection_threshold = in.real(key);
-      if (!(conf.garbage_collection_threshold > 0 && conf.garbage_collection_threshold < 1))
-        in.fail(key, "must be between 0 and 1 (exclusive)");
-    } else if (key == "roundup_power2_divisions") {
-      parse_divisions(in, conf);
-    } else if (key == "expandable_segments") {
-      conf.expandable_segments = parse_bool(in, key);
-    } else {
-      throw ConfigError("PyTorch allocator settings '" + text + "': unknown key '" + key +
-                        "' (known: " + kKnownKeys + ")");
-    }
-    if (!in.done()) in.expect(",", key);
+  try {
+    parse_config(text, {ConfigTarget(table(), conf)});
+  } catch (const ConfigError& e) {
+    // The core's messages name the core; these are PyTorch's settings.
+    const std::string_view core = "cuarena config: ";
+    std::string_view why = e.what();
+    if (why.starts_with(core)) why.remove_prefix(core.size());
+    throw ConfigError("PyTorch allocator settings: " + std::string(why));
   }
   return conf;
 }

@@ -17,6 +17,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cuarena/config_table.hpp"
 #include "cuarena/replay/replay.hpp"
 
 namespace cuarena::replay {
@@ -28,13 +29,22 @@ struct TorchConf {
   /// Intervals of roundup_power2_divisions: [1 MiB * 2^i, 1 MiB * 2^(i+1)), the last open.
   static constexpr std::size_t kIntervals = 16;
 
+  using Divisions = std::array<std::uint64_t, kIntervals>;
+
   std::uint64_t max_split_size = kNoLimit;             ///< max_split_size_mb, in bytes
   std::uint64_t max_non_split_rounding = 20ull << 20;  ///< max_non_split_rounding_mb, in bytes
-  std::array<std::uint64_t, kIntervals> roundup_power2_divisions{};  ///< 0: plain 512 B rounding
-  double garbage_collection_threshold = 0;                           ///< 0: off
-  std::optional<bool> expandable_segments;  ///< set when the string names it
+  Divisions roundup_power2_divisions{};                ///< 0: plain 512 B rounding
+  double garbage_collection_threshold = 0;             ///< 0: off
+  std::optional<bool> expandable_segments;             ///< set when the string names it
 
-  /// Parses `text`; throws ConfigError naming the key (an unknown one, or a bad value).
+  bool operator==(const TorchConf&) const = default;
+
+  /// The keys of PYTORCH_CUDA_ALLOC_CONF the models read. A setting that is off by being absent
+  /// (no garbage collection, no divisions, expandable_segments not named) is left out of
+  /// config_string(), as PyTorch's syntax cannot write it.
+  static const ConfigTable<TorchConf>& table();
+  /// Parses `text` (PyTorch's syntax; whitespace inside values is dropped, as PyTorch does).
+  /// Throws ConfigError, one line naming the key and its position: an unknown key, a bad value.
   static TorchConf parse(const std::string& text);
   /// AcceleratorAllocatorConfig::roundup_power2_divisions(size).
   std::uint64_t divisions_for(std::uint64_t size) const;
