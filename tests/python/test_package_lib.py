@@ -408,6 +408,19 @@ def test_a_bad_entry_ends_import_torch_in_one_line(entry_point_dir, stub_path, e
     assert len(proc.stderr.splitlines()) <= 3 and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_info_with_a_bad_entry_reports_it_without_a_traceback(entry_point_dir, stub_path):
+    env = clean_env(CUARENA_TORCH_LIB=str(stub_path), TORCH_DEVICE_BACKEND_AUTOLOAD="1",
+                    CUARENA_STUB_BUILT_FOR=torch.__version__, CUARENA_CONF="bogus:1")
+    env["PYTHONPATH"] = os.pathsep.join([str(entry_point_dir), env["PYTHONPATH"]])
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "cuarena", "info"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ("enabling from the environment failed: CUARENA_CONF: unknown key 'bogus' at "
+            "position 0") in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    assert "CUARENA_CONF=bogus:1\n" in proc.stdout, proc.stdout
+
+
 def test_hook_failure_is_reported_with_the_key(stub_path):
     proc = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", "import torch\nfrom cuarena import _autoload\n"

@@ -67,6 +67,8 @@ def _enable_from_environment() -> None:
         import torch  # noqa: F401 - runs the entry point when cuarena is pip-installed
     except RuntimeError as e:  # torch wraps what the entry point raised
         if isinstance(e.__cause__, CuarenaError):
+            # torch is left half-imported: a second import of it fails in torch's own code.
+            e.__cause__.torch_unusable = True
             raise e.__cause__ from None
         raise
     from . import _autoload
@@ -159,6 +161,10 @@ def info() -> int:
         _enable_from_environment()
     except CuarenaError as e:
         print(f"enabling from the environment failed: {e}")
+        if getattr(e, "torch_unusable", False):
+            print("torch: its import stopped at that error; fix it and run info again")
+            _print_environment()
+            return 1
         status = 1
     except ImportError as e:
         print(f"torch: not importable ({e})")
@@ -179,12 +185,16 @@ def info() -> int:
     config = _api.enabled_config()
     print(f"enabled: {'yes' if enabled else 'no'}"
           + (f" (config {config!r})" if enabled and config else ""))
+    _print_environment()
+    return status
+
+
+def _print_environment() -> None:
     for name in ("CUARENA", "CUARENA_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
                  "CUARENA_TRACE", "CUARENA_TORCH_LIB", "CUARENA_REPLAY_BIN",
                  "CUARENA_STEADY_STATE_BIN", "CUARENA_PYTHON", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
         if name in os.environ:
             print(f"{name}={os.environ[name]}")
-    return status
 
 
 def main(argv: list[str] | None = None) -> int:
