@@ -68,4 +68,3 @@ TEST(SegmentMode, NearTheLimitASegmentIsSizedToTheRequest) {
   a.deallocate(q);
   EXPECT_NO_THROW(a.check_invariants());
 }
-

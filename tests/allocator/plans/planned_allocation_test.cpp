@@ -1,5 +1,6 @@
 // The allocator serving loop plans (config loop_plan), through the public API: how a plan's range
-// is backed and given back. (Randomized loops: randomized_invariants_test.cpp's RandomizedLoopPlan.)
+// is backed and given back. (Randomized loops: randomized_invariants_test.cpp's
+// RandomizedLoopPlan.)
 #include <gtest/gtest.h>
 
 #include <vector>

@@ -1,12 +1,11 @@
 // Replays of the real traces in tests/data/traces (copies of shared/traces, recorded on an H200).
-#include "cuarena/replay/replay.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
 
 #include "cuarena/allocator.hpp"
+#include "cuarena/replay/replay.hpp"
 #include "cuarena/replay/trace.hpp"
 #include "cuarena/sim_backend.hpp"
 #include "input/sha256.hpp"
