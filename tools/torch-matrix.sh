@@ -43,9 +43,20 @@ for minor in "${minors[@]}"; do
     rm -rf "$env_dir"
     "$python" -m venv "$env_dir" || { mark "$minor" install FAIL; continue; }
   fi
-  # torch first (the newest patch of the minor), then what the offline install needs.
-  if ! "$py" -m pip install -q "torch==$minor.*" scikit-build-core cmake ninja pytest \
-      >"$env_dir/pip.log" 2>&1; then
+  # torch first (the newest patch of the minor), then what the offline install needs. A download
+  # that breaks off is retried (three tries); no pip cache, so a minor needs its own size only.
+  installed=0
+  for try in 1 2 3; do
+    if "$py" -m pip install -q --no-cache-dir --retries 10 --timeout 60 "torch==$minor.*" \
+        scikit-build-core cmake ninja pytest >"$env_dir/pip.log" 2>&1; then
+      installed=1
+      break
+    fi
+    echo "torch-matrix: pip install of torch $minor failed (try $try of 3):"
+    tail -5 "$env_dir/pip.log"
+    df -h "$env_dir" | tail -1
+  done
+  if ((!installed)); then
     echo "torch-matrix: pip could not install torch $minor (see $env_dir/pip.log)"
     mark "$minor" install FAIL
     continue
