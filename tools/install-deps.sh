@@ -49,7 +49,13 @@ if [ "${CUARENA_NO_TORCH:-0}" != 1 ]; then
   if [ "$have" != "$torch_version" ]; then
     echo "install-deps: installing torch==$torch_version${have:+ (found $have)} (about 3-4 GB)"
     start=$SECONDS
-    pip_install "torch==$torch_version"
+    # A multi-GB download that breaks off fails pip's hash check: try again (three tries), with
+    # no cache so a broken file is not reused.
+    for try in 1 2 3; do
+      if pip_install --no-cache-dir --retries 10 --timeout 60 "torch==$torch_version"; then break; fi
+      if ((try == 3)); then echo "install-deps: pip could not install torch==$torch_version"; exit 1; fi
+      echo "install-deps: torch download failed (try $try of 3), trying again"
+    done
     echo "install-deps: torch installed in $((SECONDS - start)) s"
   fi
   if ! python3 -c 'import scikit_build_core' >/dev/null 2>&1; then
