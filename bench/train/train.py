@@ -16,6 +16,16 @@ Models:
                generator (a varying shape every step: what fragments a caching allocator).
   resnet50     torchvision.models.resnet50(weights=None), fp16 autocast with GradScaler, SGD,
                batches of 64 random 224x224 images.
+  llama_generate
+               inference: a Llama-style decoder (transformers.LlamaForCausalLM, 12 layers, 1024
+               wide, bf16, randomly initialised), one greedy generate() request per step, of a
+               seeded random batch 1..16, prompt 32..512 tokens (left-padded) and 64..256 new
+               tokens: a KV cache growing one token per forward, shapes that never repeat.
+               Its "loss" is the sum of the generated token ids, and it reports tokens/s.
+
+--record-history PATH records PyTorch's allocation history for the whole run
+(torch.cuda.memory._record_memory_history, no stacks) and writes the snapshot there (.pickle or
+.pickle.gz): a trace that `cuarena replay` and `cuarena_steady_state` read.
 
 The JSON written to --out: per-step losses (full precision) and step times (wall time between
 two torch.cuda.synchronize() calls), torch.cuda.max_memory_reserved() and
@@ -39,7 +49,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 
-MODELS = ("gpt2", "resnet50", "gpt2_varlen")
+MODELS = ("gpt2", "resnet50", "gpt2_varlen", "llama_generate")
 
 
 def parse_args(argv=None):
@@ -55,6 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=512, help="sequence length for gpt2 (default 512)")
     p.add_argument("--min-seq", type=int, default=64, help="gpt2_varlen's shortest sequence")
     p.add_argument("--max-seq", type=int, default=1024, help="gpt2_varlen's longest sequence")
+    p.add_argument("--record-history", default=None, metavar="PATH",
+                   help="write PyTorch's allocation history of the run here (a snapshot pickle)")
     return p.parse_args(argv)
 
 
@@ -149,6 +161,45 @@ class ResNetTask:
                 "params": sum(p.numel() for p in self.model.parameters())}
 
 
+class GenerateTask:
+    """Greedy generate() with a Llama-style decoder: one request of random shape per step."""
+
+    def __init__(self, args):
+        import transformers
+
+        self.cfg = transformers.LlamaConfig(
+            vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+            num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048)
+        torch.manual_seed(args.seed)
+        self.model = transformers.LlamaForCausalLM(self.cfg).to("cuda", torch.bfloat16).eval()
+        self.rng = random.Random(args.seed + 3)
+        self.max_batch = args.batch or 16
+        self.new_tokens: list[int] = []
+        self.shapes: list[tuple[int, int, int]] = []
+
+    def step(self) -> torch.Tensor:
+        batch = self.rng.randint(1, self.max_batch)
+        prompt = self.rng.randint(32, 512)
+        new = self.rng.randint(64, 256)
+        ids = torch.randint(3, self.cfg.vocab_size, (batch, prompt), device="cuda")
+        mask = torch.ones_like(ids)
+        for row in range(batch):  # left padding, as batched generation uses
+            mask[row, :self.rng.randint(0, prompt // 2)] = 0
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
+                                      min_new_tokens=new, do_sample=False, pad_token_id=0)
+        self.shapes.append((batch, prompt, new))
+        self.new_tokens.append(batch * new)
+        return out[:, prompt:].sum().float()
+
+    def info(self) -> dict:
+        import transformers
+
+        return {"transformers": transformers.__version__, "requests": self.shapes,
+                "new_tokens_per_step": self.new_tokens,
+                "params": sum(p.numel() for p in self.model.parameters())}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     seed_everything(args.seed)
@@ -160,9 +211,14 @@ def main(argv=None) -> int:
     free0, total_mem = torch.cuda.mem_get_info()
     used_before = total_mem - free0
 
+    if args.record_history:
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                 max_entries=50_000_000)
     t_build = time.perf_counter()
     if args.model == "resnet50":
         task = ResNetTask(args)
+    elif args.model == "llama_generate":
+        task = GenerateTask(args)
     else:
         task = GPT2Task(args, varlen=args.model == "gpt2_varlen")
     torch.cuda.synchronize()
@@ -201,9 +257,17 @@ def main(argv=None) -> int:
 
     mapping_calls: list[int] = []
 
+    # Host time inside cuarena's driver calls (cuarena.driver_us.<call>, microseconds).
+    def driver_us_so_far() -> dict:
+        return {k[len("cuarena.driver_us."):]: v for k, v in cuarena_counters().items()
+                if k.startswith("cuarena.driver_us.")}
+
+    driver_us: list[dict] = []
+
     for _ in range(args.steps):
         calls_before = calls_so_far()
         mapping_before = mapping_calls_so_far()
+        driver_before = driver_us_so_far()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = task.step()
@@ -215,6 +279,19 @@ def main(argv=None) -> int:
         used.append(total_mem - free)
         device_calls.append(calls_so_far() - calls_before)
         mapping_calls.append(mapping_calls_so_far() - mapping_before)
+        driver_now = driver_us_so_far()
+        driver_us.append({k: v - driver_before.get(k, 0) for k, v in driver_now.items()
+                          if v != driver_before.get(k, 0)})
+
+    if args.record_history:
+        import gzip
+        import pickle
+
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        opener = gzip.open if args.record_history.endswith(".gz") else open
+        with opener(args.record_history, "wb") as f:
+            pickle.dump(snap, f)
 
     stats = torch.cuda.memory_stats()
     own = cuarena_counters()
@@ -229,6 +306,7 @@ def main(argv=None) -> int:
         "step_times_s": times,
         "device_calls_per_step": device_calls,
         "cuarena_mapping_calls_per_step": mapping_calls if cuarena_mod is not None else None,
+        "cuarena_driver_us_per_step": driver_us if cuarena_mod is not None else None,
         "max_memory_reserved": torch.cuda.max_memory_reserved(),
         "max_memory_allocated": torch.cuda.max_memory_allocated(),
         "memory_reserved_end": torch.cuda.memory_reserved(),
@@ -254,6 +332,8 @@ def main(argv=None) -> int:
         "argv": sys.argv,
         **task.info(),
     }
+    if isinstance(task, GenerateTask) and times:
+        result["tokens_per_s"] = sum(task.new_tokens) / sum(times)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"train.py: {args.model} under {result['allocator_backend']}: "

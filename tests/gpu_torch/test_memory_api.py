@@ -72,7 +72,8 @@ emit({
     "stats": {k: stats.get(k) for k in %r},
     "stats_keys": sorted(stats),
     "own": {k: own.get(k) for k in ("allocated_bytes.all.current", "reserved_bytes.all.current",
-                                    "cuarena.map_calls", "cuarena.memory_first")},
+                                    "cuarena.map_calls", "cuarena.memory_first",
+                                    "cuarena.driver_us.cuMemMap", "cuarena.driver_us.cuMemCreate")},
     "summary": summary,
     "accel_allocated": accel_allocated, "accel_reserved": accel_reserved,
     "accel_stats_allocated": accel_stats.get("allocated_bytes.all.current"),
@@ -155,6 +156,8 @@ def test_cuarena_stats_add_its_own_counters_to_torchs(r):
     assert own["reserved_bytes.all.current"] == r["live"]["reserved"]
     assert own["cuarena.map_calls"] > 0, own  # the tensors' memory was mapped
     assert own["cuarena.memory_first"] == 0, own  # the default, far from its limit
+    # Host time inside the driver, per call: the maps and creates behind those tensors took some
+    assert own["cuarena.driver_us.cuMemMap"] > 0 and own["cuarena.driver_us.cuMemCreate"] > 0, own
 
 
 def test_mem_get_info_and_memory_available(r):

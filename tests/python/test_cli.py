@@ -62,6 +62,26 @@ def ev(action, addr, size, stream=0, t=0):
     return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": t}
 
 
+# tests/data/traces/jobs/README.md: the benchmark's whole jobs, memory_stats() of the recording
+JOBS = {  # trace: (peak requested, native reserved_bytes.all.peak)
+    "gpt2": (8459822804, 9573498880),
+    "gpt2_varlen": (13651892564, 15552479232),
+    "resnet50": (3192592928, 3655335936),
+}
+
+
+def test_whole_jobs_replay_to_what_the_recording_run_measured(tmp_path):
+    results = replay_json(tmp_path, *sorted((TRACES / "jobs").glob("*.pickle.gz")),
+                          "--allocator", "recorded,cuarena")
+    by = {(r["trace"], r["allocator"]): r for r in results}
+    assert {t for t, _ in by} == set(JOBS)
+    for name, (requested, native) in JOBS.items():
+        rec, cua = by[(name, "recorded")], by[(name, "cuarena")]
+        assert rec["peak_requested_bytes"] == requested
+        assert rec["peak_reserved_bytes"] == native
+        assert cua["ooms"] == 0 and cua["reserved_ratio"] < rec["reserved_ratio"]
+
+
 def test_replay_all_shared_traces_matches_native_and_beats_it(tmp_path):
     files = sorted(TRACES.glob("*.pickle.gz"))
     results = replay_json(tmp_path, *files)

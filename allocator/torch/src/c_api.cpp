@@ -69,6 +69,10 @@ std::size_t memory_available(int device) {
 
 Stats stats(int device) { return serving().main_stats(c10::DeviceIndex(device)); }
 
+std::map<std::string, double> driver_us(int device) {
+  return serving().driver_us(c10::DeviceIndex(device));
+}
+
 }  // namespace cuarena::torch_adapter
 
 using namespace cuarena;
@@ -134,6 +138,8 @@ int64_t cuarena_stats(int device, char* buf, size_t buflen, char* err, size_t er
   if (guarded(err, errlen, [&] {
         for (const auto& [key, value] : cuarena::torch_adapter::stats(device).to_map())
           text += key + " " + std::to_string(value) + "\n";
+        for (const auto& [call, us] : cuarena::torch_adapter::driver_us(device))
+          text += "cuarena.driver_us." + call + " " + std::to_string(std::int64_t(us)) + "\n";
       }) != 0)
     return -1;
   if (buf != nullptr && text.size() < buflen) std::memcpy(buf, text.c_str(), text.size() + 1);

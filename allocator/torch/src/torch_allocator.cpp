@@ -539,6 +539,11 @@ std::shared_ptr<CUDAAllocator> make_allocator(Config config) {
 
 Stats TorchAllocator::main_stats(c10::DeviceIndex dev) { return device(dev).main->stats(); }
 
+std::map<std::string, double> TorchAllocator::driver_us(c10::DeviceIndex dev) {
+  device(dev);
+  return allocators_.backend(dev).driver_us();
+}
+
 std::size_t TorchAllocator::memory_available(c10::DeviceIndex dev) {
   Device& d = device(dev);
   c10::cuda::CUDAGuard guard(dev);

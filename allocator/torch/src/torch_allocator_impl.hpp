@@ -100,6 +100,9 @@ class TorchAllocator final : public VersionedAllocator {
   std::size_t memory_available(c10::DeviceIndex device);
   /// cuarena's statistics of the device's main allocator (its own counters included).
   Stats main_stats(c10::DeviceIndex device);
+  /// Host time spent in each driver call of the device's backend since it was created, in
+  /// microseconds, by call name (cuMemMap, cuMemUnmap, cuEventRecord, ...). Thread-safe.
+  std::map<std::string, double> driver_us(c10::DeviceIndex device);
   const Config& config() const { return config_; }
 
  private:

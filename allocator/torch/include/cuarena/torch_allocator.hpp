@@ -22,6 +22,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -41,6 +42,10 @@ std::size_t memory_available(int device);
 /// The statistics of `device`'s main cuarena allocator (the one PyTorch's ordinary allocations
 /// use; CUDA-graph pools have their own). Throws c10::Error when cuarena is not installed.
 Stats stats(int device);
+/// Host microseconds spent in each driver call of `device`'s backend (cuMemMap, cuMemUnmap,
+/// cuMemSetAccess, cuEventRecord, ...) since it was created: where cuarena's own time goes.
+/// Thread-safe. Throws c10::Error when cuarena is not installed.
+std::map<std::string, double> driver_us(int device);
 
 }  // namespace cuarena::torch_adapter
 

@@ -141,7 +141,9 @@ def stats(device: object = None) -> dict[str, int]:
     so when it ran short of memory, until an ``empty_cache()`` leaves it low),
     ``cuarena.loop_plans``, stream-cache hits, and ``cuarena.sweep_polls`` /
     ``cuarena.sweep_polls_pending`` (how often a poll found the device still working on a
-    stream's freed memory: how far the GPU runs behind the job's allocations).
+    stream's freed memory: how far the GPU runs behind the job's allocations), and
+    ``cuarena.driver_us.<call>``: host microseconds spent in each driver call (``cuMemMap``,
+    ``cuMemSetAccess``, ``cuEventRecord``, ...) since the device's first use.
 
     `device` as for :func:`memory_available`. Thread-safe. Raises :class:`CuarenaError` when
     cuarena is not installed or the library fails.
