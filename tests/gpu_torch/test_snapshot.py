@@ -3,6 +3,7 @@ _snapshot / _dump_snapshot, torch's own viewers (_memory_viz trace_plot, segment
 `cuarena replay` on the dumped pickle; cuarena.record(path) likewise."""
 
 import gzip
+import json
 import pickle
 
 import pytest
@@ -31,6 +32,7 @@ a.fill_(1.0); b.fill_(2.0); c.fill_(3)
 a_ptr, a_n = a.data_ptr(), a.nbytes
 del a
 torch.cuda.synchronize()
+reserved_peak = torch.cuda.memory_stats()["reserved_bytes.all.peak"]
 s = torch.cuda.memory._snapshot()
 torch.cuda.memory._dump_snapshot("history.pickle")
 traces = []
@@ -45,6 +47,7 @@ emit({
     "traces": traces,
     "a": [a_ptr, a_n], "b": [b.data_ptr(), b.nbytes], "c": [c.data_ptr(), c.nbytes],
     "metadata": metadata, "read_back": read_back if metadata else None, "annotate": annotate,
+    "reserved_peak": reserved_peak,
 })
 '''
 
@@ -140,6 +143,19 @@ def test_memory_viz_reads_the_dump(snap, plot, tmp_path):
 def test_cuarena_replay_reads_the_dump(snap, cuarena_cli):
     r = run_command([cuarena_cli, "replay", snap["path"]], timeout=300)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+
+
+def test_the_history_carries_cuarenas_reserved_memory(snap, cuarena_cli, tmp_path):
+    # Segment map / unmap entries for the memory cuarena created and released: their running
+    # sum is its reserved memory, so the replay's `recorded` row is cuarena itself.
+    actions = [t["action"] for t in snap["traces"]]
+    assert "segment_map" in actions, sorted(set(actions))
+    out = tmp_path / "r.json"
+    r = run_command([cuarena_cli, "replay", snap["path"], "--allocator", "recorded,cuarena",
+                     "--json", out], timeout=300)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    rows = {row["allocator"]: row for row in json.loads(out.read_text())["results"]}
+    assert rows["recorded"]["peak_reserved_bytes"] == snap["reserved_peak"], rows["recorded"]
 
 
 @pytest.fixture(scope="module")

@@ -79,6 +79,19 @@ class Allocator {
   Stats stats() const;
   void reset_peak_stats();
 
+  /// A change of the physical memory held: `bytes` > 0 when memory was created (a chunk, or a
+  /// segment in segment mode), < 0 when released; `address` is where it was first mapped (the
+  /// segment's base). The running sum of `bytes` is stats().reserved_bytes: what a memory
+  /// snapshot reports as segment map / unmap events.
+  struct ReservationChange {
+    std::int64_t bytes;
+    DevicePtr address;
+  };
+  /// Calls `observer` (empty: nobody) for every ReservationChange from now on, in the thread
+  /// that caused it, holding the device lock: it must not call into this Allocator. Takes the
+  /// device lock.
+  void set_reservation_observer(std::function<void(const ReservationChange&)> observer);
+
   /// Calls `fn` holding the device lock, so it may use the backend (which is not thread-safe)
   /// while no allocation moves memory: for calls outside the policy, e.g. CUDA IPC export.
   void with_device_lock(const std::function<void()>& fn);

@@ -251,6 +251,17 @@ class Allocator::Impl final : private detail::PlanServer::Host {
         static_cast<std::size_t>(double(ctx_.limit) * config_.defrag_threshold);
   }
 
+  void set_reservation_observer(std::function<void(const ReservationChange&)> observer) {
+    std::lock_guard lock(mu_);
+    if (!observer) {
+      ctx_.on_reservation = nullptr;
+      return;
+    }
+    ctx_.on_reservation = [f = std::move(observer)](std::int64_t bytes, DevicePtr address) {
+      f(ReservationChange{bytes, address});
+    };
+  }
+
   void with_device_lock(const std::function<void()>& fn) {
     std::lock_guard lock(mu_);
     fn();
@@ -463,7 +474,8 @@ class Allocator::Impl final : private detail::PlanServer::Host {
 
 Allocator::Allocator(DeviceBackend& backend, Config config)
     : impl_(std::make_unique<Impl>(backend, std::move(config))) {}
-Allocator::~Allocator() = default;
+// The observer is dropped first: whoever set it may be going away too.
+Allocator::~Allocator() { impl_->set_reservation_observer(nullptr); }
 void* Allocator::allocate(std::size_t bytes, StreamId stream) {
   return impl_->allocate(bytes, stream);
 }
@@ -477,6 +489,9 @@ void Allocator::reset_peak_stats() { impl_->reset_peak_stats(); }
 const Config& Allocator::config() const { return impl_->config(); }
 void Allocator::set_memory_fraction(double fraction) { impl_->set_memory_fraction(fraction); }
 void Allocator::with_device_lock(const std::function<void()>& fn) { impl_->with_device_lock(fn); }
+void Allocator::set_reservation_observer(std::function<void(const ReservationChange&)> observer) {
+  impl_->set_reservation_observer(std::move(observer));
+}
 std::size_t Allocator::memory_limit() const { return impl_->limit(); }
 std::vector<Allocator::BlockInfo> Allocator::live_blocks() const { return impl_->live_blocks(); }
 std::optional<Allocator::BlockInfo> Allocator::find(const void* ptr) const {

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <utility>
 
 #include "cuarena/config.hpp"
@@ -38,6 +39,13 @@ struct Context {
   std::size_t limit;    ///< most physical bytes that may be held at once
   std::size_t
       defrag_threshold_bytes;  ///< above this, reuse cached granules before creating new ones
+
+  /// Told of every physical reservation made or released (Allocator::set_reservation_observer);
+  /// empty when nobody asked. Called under the device lock.
+  std::function<void(std::int64_t bytes, DevicePtr address)> on_reservation;
+  void tell_reservation(std::int64_t bytes, DevicePtr address) const {
+    if (on_reservation) on_reservation(bytes, address);
+  }
 
   void add_reserved(Pool pool, std::int64_t bytes) {
     auto& r = stats.reserved_bytes;

@@ -19,6 +19,7 @@ std::unique_ptr<Arena> Mappings::allocate_segment(std::size_t bytes, StreamId st
   ++ctx_.stats.num_device_alloc;
   segment_bytes_ += bytes;
   ctx_.add_reserved(Pool::kLarge, std::int64_t(bytes));
+  ctx_.tell_reservation(std::int64_t(bytes), base);
   return std::make_unique<Arena>(base, bytes, ctx_.granule, /*segment=*/true);
 }
 
@@ -27,6 +28,7 @@ void Mappings::free_segment(const Arena& a) {
   ++ctx_.stats.num_device_free;
   segment_bytes_ -= a.size();
   ctx_.add_reserved(Pool::kLarge, -std::int64_t(a.size()));
+  ctx_.tell_reservation(-std::int64_t(a.size()), a.base());
 }
 
 void Mappings::release(Arena& a) noexcept {

@@ -89,6 +89,7 @@ void PhysicalMemory::discard(std::uint32_t chunk) {
   ctx_.backend.release_physical(it->second.handle);
   ++ctx_.stats.num_device_free;
   ctx_.add_reserved(Pool::kLarge, -std::int64_t(bytes));
+  if (it->second.home != 0) ctx_.tell_reservation(-std::int64_t(bytes), it->second.home);
   chunks_.erase(it);
 }
 
@@ -122,7 +123,12 @@ std::uint32_t PhysicalMemory::largest_idle_whole(std::size_t max_granules) const
 }
 
 void PhysicalMemory::mapped(PhysRef p, Mapping m) {
-  chunks_.at(p.chunk).active[p.offset].push_back(m);
+  Chunk& c = chunks_.at(p.chunk);
+  c.active[p.offset].push_back(m);
+  if (c.home == 0) {  // reported once mapped: a chunk created and discarded unmapped never is
+    c.home = m.arena->granule_addr(m.granule);
+    ctx_.tell_reservation(std::int64_t(c.granules * ctx_.granule), c.home);
+  }
 }
 
 void PhysicalMemory::unmapped(PhysRef p, Mapping m) {

@@ -114,6 +114,8 @@ class PhysicalMemory {
     std::vector<std::vector<Mapping>> active;   // per granule (kept for whole chunks too)
     std::size_t idle = 0;
     bool whole = false;
+    /// Where the chunk was first mapped (0: never): the address its reservation is reported at.
+    DevicePtr home = 0;
   };
   Context& ctx_;
   std::unordered_map<std::uint32_t, Chunk> chunks_;

@@ -82,6 +82,16 @@ void History::record(Action action, c10::DeviceIndex device, std::size_t addr, s
   for (const auto& t : trackers) t(te);
 }
 
+void History::record_reservation(c10::DeviceIndex device, std::size_t addr, std::int64_t bytes) {
+  if (!enabled() || device < 0 || bytes == 0) return;
+  const Action action = bytes > 0 ? Action::SEGMENT_MAP : Action::SEGMENT_UNMAP;
+  const auto size = std::size_t(bytes > 0 ? bytes : -bytes);
+  const CDA::TraceEntry te = make_trace_entry(action, device, addr, size, nullptr, {0, 0},
+                                              c10::getApproximateTime(), nullptr, thread_metadata_);
+  std::lock_guard lock(mu_);
+  if (!skipped(action)) push(device, te);
+}
+
 std::shared_ptr<c10::GatheredContext> History::context_of(std::size_t addr) const {
   std::lock_guard lock(mu_);
   auto it = contexts_.find(addr);

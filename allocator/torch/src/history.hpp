@@ -39,6 +39,13 @@ class History {
   void record(Action action, c10::DeviceIndex device, std::size_t addr, std::size_t size,
               void* stream, c10::MempoolId_t pool);
 
+  /// Records a change of the physical memory cuarena holds (Allocator::ReservationChange) as a
+  /// SEGMENT_MAP (bytes > 0) or SEGMENT_UNMAP entry, so a snapshot's timeline shows reserved
+  /// memory. Only into the history: trace trackers (NCCL's buffer registration) are not told,
+  /// since cuarena's physical memory moves between addresses. Called under the allocator's
+  /// device lock; takes no stack. A no-op unless enabled().
+  void record_reservation(c10::DeviceIndex device, std::size_t addr, std::int64_t bytes);
+
   /// The stack context for a live allocation (RecordContext STATE or above), or nullptr.
   std::shared_ptr<c10::GatheredContext> context_of(std::size_t addr) const;
   /// Forgets the context of a freed allocation.

@@ -80,6 +80,11 @@ TorchAllocator::Device& TorchAllocator::device(c10::DeviceIndex index) {
         }
       },
       [main](DevicePtr ptr, std::size_t) { main->deallocate(reinterpret_cast<void*>(ptr)); }});
+  // Reserved memory into the allocation history: snapshots and CUARENA_TRACE recordings then
+  // carry cuarena's own segments (memory_viz's timeline, the replayer's `recorded` row).
+  main->set_reservation_observer([this, index](const cuarena::Allocator::ReservationChange& c) {
+    history_.record_reservation(index, std::size_t(c.address), c.bytes);
+  });
   d = owned.get();
   owned_devices_.push_back(std::move(owned));
   devices_[std::size_t(index)].store(d, std::memory_order_release);
