@@ -122,3 +122,13 @@ def test_help_explains_every_column():
         assert re.search(rf"^  {re.escape(name)} +\S", p.stdout, re.M), name
     assert "--json gives every figure in bytes" in " ".join(p.stdout.split())
 
+
+@pytest.mark.parametrize("example", ["snapshot.pickle", "rmm_log.csv", "trace.cuat"])
+def test_reads_each_documented_format(example, tmp_path):
+    """docs/formats.md's examples; of the two-device .cuat, only the first device."""
+    out = tmp_path / "s.json"
+    p = run(ROOT / "tests" / "data" / "formats" / example, "--passes", 2, "--json", out)
+    assert p.returncode == 0, p.stderr
+    [doc] = json.loads(out.read_text())
+    assert p.stdout.startswith(f"{doc['trace']} (device 0, ")
+    assert doc["passes"][0]["allocations"] == 3
