@@ -22,6 +22,7 @@
 // does; lost frees are handled as the replayer's loop handles them
 // (cuarena/replay/replay_loop.hpp).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -120,6 +121,94 @@ std::vector<PassFigures> run(const LoopOps& ops, const replay::SimOptions& optio
   return out;
 }
 
+// The table's columns, in order: its header and --help read this one list.
+struct Column {
+  const char* name;
+  const char* meaning;
+};
+constexpr Column kColumns[] = {
+    {"pass", "1 replays the whole trace; each later pass only the blocks the trace frees"},
+    {"maps", "map calls, each mapping a run of granules (cuMemMap on a GPU)"},
+    {"unmaps", "unmap calls (cuMemUnmap)"},
+    {"access", "set-access calls, one for one or more maps (cuMemSetAccess)"},
+    {"creates", "physical chunks created (cuMemCreate; with upstream:async or malloc, segments)"},
+    {"releases", "physical chunks released (cuMemRelease; or segments freed)"},
+    {"moved",
+     "granules mapped at a new address: cached granules taken from other free blocks "
+     "(stolen) plus a stream's own free granules mapped again for it (aliased)"},
+    {"reserved peak", "most physical memory cuarena held during the pass"},
+    {"reserved end", "physical memory cuarena held at the end of the pass"},
+    {"same addr",
+     "allocations placed at the address the same block had one pass before (always 0 in "
+     "pass 1)"},
+    {"planned", "allocations served at their loop-planned offset (only with loop_plan:True)"},
+};
+
+// `text` in lines of at most 100 characters, each after `indent` spaces.
+std::string wrap(const std::string& text, std::size_t indent) {
+  std::string out, line;
+  std::size_t from = 0;
+  while (from < text.size()) {
+    std::size_t to = text.find(' ', from);
+    if (to == std::string::npos) to = text.size();
+    const std::string word = text.substr(from, to - from);
+    if (!line.empty() && indent + line.size() + 1 + word.size() > 100) {
+      out += std::string(indent, ' ') + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+    from = to + 1;
+  }
+  return out + std::string(indent, ' ') + line + "\n";
+}
+
+std::string columns_help() {
+  std::string out = wrap(
+      "Output: per trace, a line naming it, the device replayed (the trace's first), the "
+      "allocations and frees of pass 1 and of each later pass, and the requested bytes never "
+      "freed; then one row per pass:",
+      0);
+  for (const Column& c : kColumns) {  // each name fits in the 15 columns before its meaning
+    std::string item = wrap(c.meaning, 17);
+    item.replace(2, std::string(c.name).size(), c.name);
+    out += item;
+  }
+  return out + "\n" +
+         wrap(
+             "Driver calls are the simulator's count of those a GPU would make. Sizes are in B, "
+             "KiB, MiB, GiB or TiB (powers of 1024) with two decimals, as 'cuarena replay' "
+             "prints them; --json gives every figure in bytes, plus allocated_end_bytes, "
+             "allocations and where the reserved memory is at each pass's end (end_*_bytes).",
+             0);
+}
+
+// One row per pass, aligned as `cuarena replay` prints its table: right-aligned columns two
+// spaces apart, a dashed rule under the header.
+void print_table(const std::vector<PassFigures>& figures) {
+  std::vector<std::vector<std::string>> rows(1);
+  for (const Column& c : kColumns) rows[0].push_back(c.name);
+  for (std::size_t i = 0; i < figures.size(); ++i) {
+    const PassFigures& f = figures[i];
+    auto n = [](std::int64_t v) { return std::to_string(v); };
+    auto bytes = [](std::int64_t v) { return cuarena::format_bytes(std::size_t(v)); };
+    rows.push_back({std::to_string(i + 1), n(f.maps), n(f.unmaps), n(f.access), n(f.creates),
+                    n(f.releases), n(f.moved), bytes(f.reserved_peak), bytes(f.reserved_end),
+                    n(f.same_addr), n(f.planned)});
+  }
+  std::vector<std::size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows)
+    for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::string line;
+    for (std::size_t c = 0; c < rows[i].size(); ++c) {
+      if (c) line += "  ";
+      line += std::string(width[c] - rows[i][c].size(), ' ') + rows[i][c];
+    }
+    std::printf("%s\n", line.c_str());
+    if (i == 0) std::printf("%s\n", std::string(line.size(), '-').c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,7 +218,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> traces;
   int passes = 10;
   std::string config, json_path;
-  app.add_option("TRACE", traces, "Trace files (PyTorch snapshots, .cuat)")->required();
+  app.footer(columns_help());
+  app.add_option("TRACE", traces,
+                 "Trace files: PyTorch snapshots, RMM logging_resource_adaptor CSVs, .cuat; "
+                 "gzipped or not (docs/formats.md)")
+      ->required();
   app.add_option("--passes", passes, "Passes, the first one included")->check(CLI::Range(2, 1000));
   app.add_option("--config", config,
                  "Allocator options and the simulator's sim_* keys (sim_event_latency: the "
@@ -153,20 +246,14 @@ int main(int argc, char** argv) {
       const auto& [device, events] = devices.front();
       const LoopOps ops = compile(events);
       const std::vector<PassFigures> figures = run(ops, options, passes);
-      std::printf("%s (device %u, %zu ops in pass 1, %zu per later pass, %.1f MiB never freed)\n",
-                  replay::trace_name(path).c_str(), unsigned(device), ops.first.size(),
-                  ops.loop.size(), double(ops.long_lived_bytes) / (1 << 20));
-      std::printf("%5s %8s %8s %8s %8s %8s %9s %14s %14s %9s %9s\n", "pass", "maps", "unmaps",
-                  "access", "creates", "releases", "moved", "reserved peak", "reserved end",
-                  "same addr", "planned");
+      std::printf("%s%s (device %u, %zu ops in pass 1, %zu per later pass, %s never freed)\n",
+                  doc.empty() ? "" : "\n", replay::trace_name(path).c_str(), unsigned(device),
+                  ops.first.size(), ops.loop.size(),
+                  cuarena::format_bytes(ops.long_lived_bytes).c_str());
+      print_table(figures);
       nlohmann::json rows = nlohmann::json::array();
       for (std::size_t i = 0; i < figures.size(); ++i) {
         const PassFigures& f = figures[i];
-        std::printf("%5zu %8lld %8lld %8lld %8lld %8lld %9lld %14lld %14lld %9lld %9lld\n", i + 1,
-                    (long long)f.maps, (long long)f.unmaps, (long long)f.access,
-                    (long long)f.creates, (long long)f.releases, (long long)f.moved,
-                    (long long)f.reserved_peak, (long long)f.reserved_end, (long long)f.same_addr,
-                    (long long)f.planned);
         rows.push_back({{"pass", i + 1},
                         {"map_calls", f.maps},
                         {"unmap_calls", f.unmaps},

@@ -4,9 +4,11 @@ Run by CTest with the binary's path in CUARENA_STEADY_STATE. It asserts what the
 right whatever the policy does: every later pass returns the allocator to the same allocated
 state (the loop frees exactly what it allocates), the first pass holds everything the trace
 never frees, placement is compared only between passes, and bad input is one clear message and
-a non-zero exit.
+a non-zero exit. The printed table is the JSON's figures in `cuarena replay`'s units and layout,
+and --help explains each of its columns.
 """
 import json
+import re
 import os
 import subprocess
 from pathlib import Path
@@ -65,3 +67,68 @@ def test_bad_input_is_named(args, needle):
     p = run(*args)
     assert p.returncode != 0
     assert needle in (p.stderr + p.stdout)
+
+
+COLUMNS = ["pass", "maps", "unmaps", "access", "creates", "releases", "moved", "reserved peak",
+           "reserved end", "same addr", "planned"]
+JSON_KEYS = ["pass", "map_calls", "unmap_calls", "access_calls", "device_allocs", "device_frees",
+             "granules_moved", "reserved_peak_bytes", "reserved_end_bytes",
+             "same_address_allocations", "planned_allocations"]
+
+
+def human(n):
+    """cuarena's format_bytes, as `cuarena replay` prints sizes."""
+    if n < 1024:
+        return f"{n} B"
+    v, unit = float(n), "B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        v /= 1024
+        if v < 1024 or unit == "TiB":
+            break
+    return f"{v:.2f} {unit}"
+
+
+def test_table_is_the_json_in_replays_units_and_layout(tmp_path):
+    out = tmp_path / "s.json"
+    p = run(TRACE, ROOT / "tests" / "data" / "traces" / "gpt2_train.pickle.gz", "--passes", 3,
+            "--json", out)
+    assert p.returncode == 0, p.stderr
+    docs = json.loads(out.read_text())
+    tables = p.stdout.split("\n\n")  # one per trace, a blank line between
+    assert len(tables) == len(docs) == 2
+    for doc, table in zip(docs, tables):
+        title, header, rule, *rows = table.strip("\n").split("\n")
+        assert title.startswith(doc["trace"] + " (device 0, ")
+        assert title.endswith(f", {human(doc['long_lived_requested_bytes'])} never freed)")
+        assert re.split(r"\s{2,}", header.strip()) == COLUMNS
+        assert rule == "-" * len(header)
+        assert len(rows) == len(doc["passes"])
+        for line, figures in zip(rows, doc["passes"]):
+            assert len(line) == len(header), "columns are aligned"
+            cells = re.split(r"\s{2,}", line.strip())
+            want = [human(figures[k]) if k.endswith("_bytes") else str(figures[k])
+                    for k in JSON_KEYS]
+            assert cells == want
+            # Right-aligned: every cell ends where its header does.
+            for name, cell in zip(COLUMNS, cells):
+                end = header.index(name) + len(name)
+                assert line[end - len(cell):end] == cell, (name, line)
+
+
+def test_help_explains_every_column():
+    p = run("--help")
+    assert p.returncode == 0
+    for name in COLUMNS:
+        assert re.search(rf"^  {re.escape(name)} +\S", p.stdout, re.M), name
+    assert "--json gives every figure in bytes" in " ".join(p.stdout.split())
+
+
+@pytest.mark.parametrize("example", ["snapshot.pickle", "rmm_log.csv", "trace.cuat"])
+def test_reads_each_documented_format(example, tmp_path):
+    """docs/formats.md's examples; of the two-device .cuat, only the first device."""
+    out = tmp_path / "s.json"
+    p = run(ROOT / "tests" / "data" / "formats" / example, "--passes", 2, "--json", out)
+    assert p.returncode == 0, p.stderr
+    [doc] = json.loads(out.read_text())
+    assert p.stdout.startswith(f"{doc['trace']} (device 0, ")
+    assert doc["passes"][0]["allocations"] == 3
