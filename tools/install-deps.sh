@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what cuarena builds and tests with: Debian packages (compiler, CMake, Ninja,
-# GoogleTest, Google Benchmark, CLI11, nlohmann-json, zlib, clang-format), and from PyPI pytest, matplotlib
-# (`cuarena replay --report`), torch 2.11.0 and scikit-build-core (for the Python package
+# GoogleTest, Google Benchmark, CLI11, nlohmann-json, zlib, clang-format, tmux: `cuarena top`'s
+# terminal test), and from PyPI pytest, matplotlib (`cuarena replay --report`), textual
+# (`python -m cuarena top`), torch 2.11.0 and scikit-build-core (for the Python package
 # `cuarena` and its tests; torch's PyPI wheel is the CUDA 13.0 build with its nvidia-*
 # dependencies, about 3-4 GB, and imports without a GPU).
 # CUARENA_NO_TORCH=1 skips torch and scikit-build-core (their tests then skip).
@@ -9,7 +10,7 @@
 set -euo pipefail
 
 packages=(g++ cmake ninja-build python3 python3-pip libgtest-dev libbenchmark-dev libcli11-dev
-          nlohmann-json3-dev zlib1g-dev clang-format)
+          nlohmann-json3-dev zlib1g-dev clang-format tmux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -41,6 +42,12 @@ fi
 if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
   echo "install-deps: installing matplotlib"
   pip_install matplotlib
+fi
+
+# `python -m cuarena top`'s live screen (its tests run it in tmux).
+if ! python3 -c 'import textual' >/dev/null 2>&1; then
+  echo "install-deps: installing textual"
+  pip_install textual
 fi
 
 torch_version=2.11.0  # the torch the adapter is built and tested against (allocator/torch)

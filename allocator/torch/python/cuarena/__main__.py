@@ -11,6 +11,7 @@ usage: python -m cuarena run [--config CONFIG] [--trace PATH] script.py [args...
        python -m cuarena run [--config CONFIG] [--trace PATH] -m module [args...]
        python -m cuarena info
        python -m cuarena replay TRACE... [options]   (also: convert, config, steady-state)
+       python -m cuarena top [--interval SECONDS] [--once [--json]]
        python -m cuarena --help
 
 cuarena is a CUDA device-memory caching allocator that replaces PyTorch's.
@@ -35,6 +36,11 @@ replay, convert, config
 steady-state
        Runs cuarena_steady_state: the driver calls and reserved memory per pass of a training
        loop built from a trace, on the simulator (--help shows its options).
+top    A live monitor of every process of this user that runs cuarena, per GPU: reserved,
+       allocated, cached and available memory, driver calls/s, OOMs, a history of reserved
+       memory, and the GPU's total and used memory (NVML). --once prints one table (--json:
+       one JSON document) and exits. 'python -m cuarena top --help' says more; the live screen
+       needs textual (pip install textual).
 
 Environment (read by the torch.backends entry point inside 'import torch' when cuarena is
 pip-installed, or by 'run'):
@@ -208,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         if len(argv) > 1:
             return _fail(f"info takes no arguments, got {' '.join(argv[1:])}", 2)
         return info()
+    if argv[0] == "top":
+        from . import _top
+
+        return _top.main(argv[1:])
     from . import _tools
 
     if argv[0] in _tools.COMMANDS:
