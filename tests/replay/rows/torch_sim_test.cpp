@@ -419,6 +419,157 @@ TEST(TorchExpandableRules, BestFitPrefersABlockThatCannotGrow) {
   EXPECT_EQ(sim.address(must(sim.malloc(4 * MiB, 0))), addr_a);
 }
 
+// ---- CUDA graphs' private pools ----
+
+TEST(TorchGraphPoolRules, APoolsBlocksServeOnlyItsRequests) {
+  Sim sim(native());
+  const std::uint64_t addr = sim.address(must(sim.malloc(12 * MiB, 1, 1)));
+  free_now(sim, must(sim.malloc(12 * MiB, 1, 2)));  // another pool: its own segment
+  EXPECT_EQ(sim.reserved_bytes(), 24 * MiB);
+  Sim::Handle h = must(sim.malloc(12 * MiB, 1, 1));  // the first pool's is still in use
+  EXPECT_EQ(sim.reserved_bytes(), 36 * MiB);
+  free_now(sim, h);
+  must(sim.malloc(12 * MiB, 1));  // nor do the default pools take a pool's cached block
+  EXPECT_EQ(sim.reserved_bytes(), 48 * MiB);
+  EXPECT_EQ(sim.address(must(sim.malloc(12 * MiB, 1, 2))), addr + 12 * MiB);  // its own, again
+  EXPECT_EQ(sim.reserved_bytes(), 48 * MiB);
+}
+
+TEST(TorchGraphPoolRules, EmptyCacheKeepsALivePoolUntilItIsReleased) {
+  Sim sim(native());
+  free_now(sim, must(sim.malloc(12 * MiB, 1, 1)));
+  free_now(sim, must(sim.malloc(512, 1, 1)));
+  free_now(sim, must(sim.malloc(16 * MiB, 0)));
+  sim.empty_cache();  // the default pool's segment goes, the graph's stay
+  EXPECT_EQ(sim.reserved_bytes(), 14 * MiB);
+  EXPECT_EQ(sim.segment_count(), 2u);
+  sim.release_pool(1);  // the graphs are gone: the next release returns the pool's segments
+  EXPECT_EQ(sim.reserved_bytes(), 14 * MiB);
+  sim.empty_cache();
+  EXPECT_EQ(sim.reserved_bytes(), 0u);
+}
+
+TEST(TorchGraphPoolRules, NoFullReleaseWhileACaptureAllocates) {
+  Sim sim(native("", 40 * MiB));
+  free_now(sim, must(sim.malloc(30 * MiB, 1)));
+  // 30 + 12 > 40: a request of the default pools would release the cached 30 MiB and retry,
+  // but malloc skips that step while a capture is under way.
+  EXPECT_FALSE(sim.malloc(12 * MiB, 2, 1).has_value());
+  EXPECT_EQ(sim.reserved_bytes(), 30 * MiB);
+  must(sim.malloc(12 * MiB, 2));
+  EXPECT_EQ(sim.reserved_bytes(), 12 * MiB);
+}
+
+TEST(TorchGraphPoolRules, ExpandablePoolsGrowTheirOwnSegment) {
+  Sim sim(expandable());
+  const auto a = must(sim.malloc(3 * MiB, 0));
+  const auto b = must(sim.malloc(3 * MiB, 0, 1));  // same stream, the pool's own segment
+  EXPECT_EQ(sim.reserved_bytes(), 40 * MiB);
+  EXPECT_EQ(sim.segment_count(), 2u);
+  EXPECT_NE(sim.address(b), sim.address(a) + 3 * MiB);
+  free_now(sim, a);
+  free_now(sim, b);
+  sim.empty_cache();  // only the default pool's pages are unmapped
+  EXPECT_EQ(sim.reserved_bytes(), 20 * MiB);
+  EXPECT_EQ(sim.segment_count(), 1u);
+}
+
+// Recordings made by hand: `seg` and `alloc` at address `addr`, a release as PyTorch's
+// release_cached_blocks writes it (its segment_free events).
+struct Recorder {
+  std::vector<Event> events;
+  std::size_t add(Action a, std::uint64_t stream, std::uint64_t addr, std::uint64_t size) {
+    events.push_back(Event{a, 0, stream, addr, size, 0});
+    return events.size() - 1;
+  }
+  std::size_t seg(std::uint64_t stream, std::uint64_t addr, std::uint64_t size) {
+    return add(Action::kSegmentAlloc, stream, addr, size);
+  }
+  std::size_t alloc(std::uint64_t stream, std::uint64_t addr, std::uint64_t size) {
+    return add(Action::kAlloc, stream, addr, size);
+  }
+  void free(std::uint64_t stream, std::uint64_t addr, std::uint64_t size) {
+    add(Action::kFreeRequested, stream, addr, size);
+    add(Action::kFreeCompleted, stream, addr, size);
+  }
+  std::size_t release(std::uint64_t stream, std::uint64_t addr, std::uint64_t size) {
+    return add(Action::kSegmentFree, stream, addr, size);
+  }
+  // A new segment of `size` bytes whose one allocation, `used` bytes, is freed again: the
+  // allocation's event.
+  std::size_t used_once(std::uint64_t stream, std::uint64_t addr, std::uint64_t size,
+                        std::uint64_t used) {
+    seg(stream, addr, size);
+    const std::size_t a = alloc(stream, addr, used);
+    free(stream, addr, used);
+    return a;
+  }
+};
+
+constexpr std::uint64_t kA = 0x7f0000000000ull, kB = kA + (1ull << 30), kC = kA + (2ull << 30);
+
+TEST(TorchGraphPoolInference, AStreamsWholeFreeSegmentsKeptByAReleaseAreAPool) {
+  Recorder r;
+  r.seg(1, kA, 2 * MiB);  // before the capture: the default pool on the capture stream
+  const std::size_t before = r.alloc(1, kA, 8);
+  const std::size_t in_pool = r.used_once(1, kB, 12 * MiB, 12 * MiB);
+  const std::size_t other = r.used_once(0, kC, 12 * MiB, 12 * MiB);
+  r.release(0, kC, 12 * MiB);  // emptyCache: stream 0's whole free segment goes, stream 1's stays
+  const std::size_t later = r.alloc(1, kB, 4 * MiB);
+  const TorchGraphPools pools = infer_graph_pools(r.events);
+  EXPECT_EQ(pools.pools, 1u);
+  EXPECT_EQ(pools.pool_of(in_pool), 1u);
+  EXPECT_EQ(pools.pool_of(later), 1u);
+  EXPECT_EQ(pools.pool_of(before), 0u);
+  EXPECT_EQ(pools.pool_of(other), 0u);
+  EXPECT_TRUE(pools.released.empty());  // the graph lives to the end
+}
+
+TEST(TorchGraphPoolInference, APartialReleaseOrNoReleaseShowsNoPool) {
+  Recorder r;
+  r.used_once(1, kA, 12 * MiB, 12 * MiB);
+  r.used_once(1, kB, 40 * MiB, 40 * MiB);
+  EXPECT_TRUE(infer_graph_pools(r.events).alloc_pool.empty());  // no release yet
+  // A release that frees one of the stream's whole free segments and keeps another (an
+  // oversize block released for a request): no sign of a pool.
+  r.release(1, kB, 40 * MiB);
+  const TorchGraphPools pools = infer_graph_pools(r.events);
+  EXPECT_EQ(pools.pools, 0u);
+  EXPECT_TRUE(pools.alloc_pool.empty());
+}
+
+TEST(TorchGraphPoolInference, APoolEndsWhenTheRecordingReleasesIt) {
+  Recorder r;
+  const std::size_t first = r.used_once(1, kA, 12 * MiB, 12 * MiB);
+  r.used_once(0, kC, 12 * MiB, 12 * MiB);
+  r.release(0, kC, 12 * MiB);                           // keeps stream 1's: a pool
+  const std::size_t second = r.alloc(0, 0x1000, 1);     // (an allocation ends the release)
+  const std::size_t gone = r.release(1, kA, 12 * MiB);  // the graph was reset: its pool goes
+  r.seg(1, kB, 12 * MiB);
+  const std::size_t after = r.alloc(1, kB, 12 * MiB);  // the stream's default pool again
+  const TorchGraphPools pools = infer_graph_pools(r.events);
+  EXPECT_EQ(pools.pools, 1u);
+  EXPECT_EQ(pools.pool_of(first), 1u);
+  EXPECT_EQ(pools.pool_of(second), 0u);
+  EXPECT_EQ(pools.pool_of(after), 0u);
+  ASSERT_EQ(pools.released.size(), 1u);
+  EXPECT_EQ(pools.released[0], std::make_pair(gone, TorchGraphPools::PoolId{1}));
+}
+
+// Through the replayer: the pool's segment survives the recording's emptyCache, as it did in
+// the recording, and stays reserved beside what the default pool takes after it.
+TEST(TorchGraphPoolInference, ReplayKeepsThePoolThroughARelease) {
+  Recorder r;
+  r.used_once(1, kB, 12 * MiB, 12 * MiB);
+  r.used_once(0, kC, 2 * MiB, 512);
+  r.release(0, kC, 2 * MiB);
+  r.seg(0, kA, 20 * MiB);
+  r.alloc(0, kA, 20 * MiB);
+  const Result model = replay_torch_sim(r.events, TorchSimOptions{});
+  EXPECT_EQ(model.peak_reserved_bytes, replay_recorded(r.events).peak_reserved_bytes);
+  EXPECT_EQ(model.peak_reserved_bytes, 32 * MiB);  // with the pool released too: 20 MiB
+}
+
 // ---- the bundled real traces ----
 
 std::string trace_path(const std::string& name) {
@@ -437,13 +588,16 @@ std::vector<std::string> split_cells(const std::string& row) {
   return cells;
 }
 
-// A figure from the table "What PyTorch's allocators did" in tests/data/traces/README.md.
-std::optional<double> readme_figure(const std::string& trace, const std::string& column) {
-  std::ifstream in(trace_path("README.md"));
+// A figure from a README's table whose header starts `| first |`: the table "What PyTorch's
+// allocators did" in tests/data/traces/README.md by default.
+std::optional<double> readme_figure(const std::string& trace, const std::string& column,
+                                    const std::string& readme = "README.md",
+                                    const std::string& first = "trace") {
+  std::ifstream in(trace_path(readme));
   std::string line;
   std::vector<std::string> head;
   while (std::getline(in, line)) {
-    if (line.rfind("| trace |", 0) == 0 && line.find(column) != std::string::npos) {
+    if (line.rfind("| " + first + " |", 0) == 0 && line.find(column) != std::string::npos) {
       head = split_cells(line);
       continue;
     }
@@ -500,29 +654,58 @@ INSTANTIATE_TEST_SUITE_P(Traces, TorchSimRealTrace,
                          });
 
 // The traces of tests/data/traces/more, with PyTorch's peaks from its reserved.json. The native
-// model lands on the recording except on compile_train: torch.compile's CUDA graphs allocate
-// from a private graph pool, whose segments the model does not keep apart (3% low); the
-// expandable model is then 2.6% high. Asserted as they stand, so a change either way shows.
+// model lands on the recording to the byte on all three, compile_train's CUDA-graph pool
+// included. The expandable model is 2.6% above PyTorch's figure on compile_train: that run came
+// second, with torch.compile's cache warm (tools/trace/record_workloads.py), and likely made fewer
+// requests in the graph pool than the recording, whose first run tunes its kernels there. On this
+// trace's requests no allocator that keeps a live graph's pool can do better than 3046 MiB at the
+// optimizer's first step (pool high-water 1845 MiB beside 1201 MiB live on stream 0), above
+// PyTorch's 3030 MiB; so compile_train's expandable figure is held to 2.7%.
 TEST(TorchSimMoreTraces, ModelsAgainstPyTorchsPeaks) {
   struct Truth {
     const char* file;
-    double expandable;                  // PyTorch's expandable_segments peak reserved, bytes
-    double native_tol, expandable_tol;  // relative
+    double expandable;      // PyTorch's expandable_segments peak reserved, bytes
+    double expandable_tol;  // relative
+    std::uint32_t pools;    // CUDA-graph pools in the recording
   };
-  for (const Truth& t : {Truth{"more/llm_generate.pickle.gz", 910163968, 0.005, 0.02},
-                         Truth{"more/cnn_varres_infer.pickle.gz", 1549795328, 0.005, 0.02},
-                         Truth{"more/compile_train.pickle.gz", 3177185280, 0.035, 0.03}}) {
+  for (const Truth& t : {Truth{"more/llm_generate.pickle.gz", 910163968, 0.02, 0},
+                         Truth{"more/cnn_varres_infer.pickle.gz", 1549795328, 0.02, 0},
+                         Truth{"more/compile_train.pickle.gz", 3177185280, 0.027, 1}}) {
     SCOPED_TRACE(t.file);
     const auto events = load_trace(trace_path(t.file));
-    const double recorded = double(replay_recorded(events).peak_reserved_bytes);
+    EXPECT_EQ(infer_graph_pools(events).pools, t.pools);
+    const std::uint64_t recorded = replay_recorded(events).peak_reserved_bytes;
     const Result native = replay_torch_sim(events, TorchSimOptions{});
     EXPECT_EQ(native.ooms, 0u);
-    EXPECT_NEAR(double(native.peak_reserved_bytes), recorded, t.native_tol * recorded);
+    EXPECT_NEAR(double(native.peak_reserved_bytes), double(recorded), 0.005 * double(recorded));
+    EXPECT_EQ(native.peak_reserved_bytes, recorded);
     TorchSimOptions o;
     o.expandable = true;
     const Result expandable = replay_torch_sim(events, o);
+    EXPECT_EQ(expandable.ooms, 0u);
     EXPECT_NEAR(double(expandable.peak_reserved_bytes), t.expandable,
                 t.expandable_tol * t.expandable);
+  }
+}
+
+// The whole training jobs of tests/data/traces/jobs: the native peaks of their README, which the
+// recordings' segment events reproduce. The model lands on them to the byte but on gpt2_varlen,
+// where it is one 2 MiB segment above (0.01%): its simulated addresses break a tie between equal
+// free blocks otherwise than the device's did.
+TEST(TorchSimJobTraces, NativeModelOnTheMeasuredPeaks) {
+  for (const auto& [name, byte_exact] :
+       {std::pair{"gpt2", true}, std::pair{"gpt2_varlen", false}, std::pair{"resnet50", true}}) {
+    SCOPED_TRACE(name);
+    const auto measured = readme_figure(std::string(name) + ".pickle.gz", "native reserved (bytes)",
+                                        "jobs/README.md", "file");
+    ASSERT_TRUE(measured.has_value());
+    const auto events = load_trace(trace_path(std::string("jobs/") + name + ".pickle.gz"));
+    EXPECT_EQ(double(replay_recorded(events).peak_reserved_bytes), *measured);
+    EXPECT_EQ(infer_graph_pools(events).pools, 0u);
+    const Result r = replay_torch_sim(events, TorchSimOptions{});
+    EXPECT_EQ(r.ooms, 0u);
+    EXPECT_NEAR(double(r.peak_reserved_bytes), *measured, 0.005 * *measured);
+    if (byte_exact) EXPECT_EQ(double(r.peak_reserved_bytes), *measured);
   }
 }
 

@@ -242,11 +242,20 @@ bool TorchCachingSim::ByAddress::operator()(const Block* a, const Block* b) cons
 }
 
 struct TorchCachingSim::Pool {
-  explicit Pool(bool s) : small(s) {}
+  explicit Pool(bool s, bool p = false) : small(s), graph(p) {}
   bool small;
+  bool graph;                            // a private pool's (owner_PrivatePool)
   std::set<Block*, BySize> blocks;       // free, mapped
   std::set<Block*, ByAddress> unmapped;  // expandable segments' unmapped address space
   std::int64_t get_free_blocks_call_count = 0;
+};
+
+// PrivatePool: a CUDA graph's own small and large pools. Its blocks serve only its requests and
+// go back to the device only once the pool is released (graph_pools_freeable); expandable
+// segments grow per pool as well as per stream.
+struct TorchCachingSim::PrivatePool {
+  Pool small{true, true}, large{false, true};
+  bool released = false;  // releasePool was called: release_cached_blocks may free its segments
 };
 
 // ExpandableSegment: address space for 9/8 of the device, mapped in pages of 2 MiB (small
@@ -290,8 +299,8 @@ void TorchCachingSim::insert_free(Block* block) {
 // ---- malloc ----
 
 std::optional<TorchCachingSim::Handle> TorchCachingSim::malloc(std::uint64_t size,
-                                                               std::uint64_t stream) {
-  Request r = make_request(size, stream);
+                                                               std::uint64_t stream, PoolId pool) {
+  Request r = make_request(size, stream, pool);
   // DeviceCachingAllocator::malloc, in PyTorch's order (no free-memory callbacks: only CUDA IPC
   // registers one):
   bool found = get_free_block(r);  // 1. best fit among the stream's cached blocks
@@ -300,8 +309,9 @@ std::optional<TorchCachingSim::Handle> TorchCachingSim::malloc(std::uint64_t siz
     found = alloc_block(r, false)                       // 3. a new segment, or more mapping
             || (release_available_cached_blocks(r)      // 4. free oversize cached blocks
                 && alloc_block(r, false)) ||
-            (release_cached_blocks()  // 5. free every unsplit cached block
-             && alloc_block(r, true));
+            // 5. free every unsplit cached block, unless a capture is under way (the model
+            // knows of one while a request goes to a private pool)
+            (!r.pool->graph && release_cached_blocks() && alloc_block(r, true));
   }
   if (!found) {
     ++stats_.num_ooms;
@@ -311,13 +321,26 @@ std::optional<TorchCachingSim::Handle> TorchCachingSim::malloc(std::uint64_t siz
   return b->handle;
 }
 
-TorchCachingSim::Request TorchCachingSim::make_request(std::uint64_t size, std::uint64_t stream) {
+TorchCachingSim::Request TorchCachingSim::make_request(std::uint64_t size, std::uint64_t stream,
+                                                       PoolId pool) {
   Request r;
   r.stream = stream;
   r.size = torch_round_size(size, options_.conf);
-  r.pool = r.size <= kSmallSize ? small_.get() : large_.get();  // get_pool
+  r.pool = &get_pool(r.size, pool);
   r.alloc_size = torch_allocation_size(r.size);
   return r;
+}
+
+// get_pool: small (<= 1 MiB) or large, of the default pools or of the capture's private pool,
+// made on its first request (create_or_incref_pool); a request to a released pool takes it up
+// again.
+TorchCachingSim::Pool& TorchCachingSim::get_pool(std::uint64_t size, PoolId pool) {
+  const bool small = size <= kSmallSize;
+  if (pool == kDefaultPool) return small ? *small_ : *large_;
+  std::unique_ptr<PrivatePool>& p = private_pools_[pool];
+  if (!p) p = std::make_unique<PrivatePool>();
+  p->released = false;
+  return small ? p->small : p->large;
 }
 
 // get_free_block: the smallest free block of the stream and pool that fits (size, then address).
@@ -445,12 +468,23 @@ bool TorchCachingSim::release_available_cached_blocks(const Request& r) {
 
 // release_cached_blocks: wait for every stream (blocks whose free is pending become free), then
 // cudaFree every cached block that is a whole segment, and unmap the free pages of expandable
-// segments.
+// segments: in the default pools, and in the private pools that were released (a live graph's
+// pool keeps its memory).
 bool TorchCachingSim::release_cached_blocks() {
   synchronize_and_free_events();
   release_blocks(*large_);
   release_blocks(*small_);
+  for (auto& [id, pool] : private_pools_) {
+    if (!pool->released) continue;
+    release_blocks(pool->small);
+    release_blocks(pool->large);
+  }
   return true;
+}
+
+void TorchCachingSim::release_pool(PoolId pool) {
+  auto it = private_pools_.find(pool);
+  if (it != private_pools_.end()) it->second->released = true;
 }
 
 void TorchCachingSim::synchronize_and_free_events() {
@@ -783,7 +817,12 @@ std::size_t TorchCachingSim::segment_count() const {
 
 TorchCachingSim::FreeInfo TorchCachingSim::free_info() const {
   FreeInfo info;
-  for (const Pool* pool : {small_.get(), large_.get()}) {
+  std::vector<const Pool*> pools{small_.get(), large_.get()};
+  for (const auto& [id, p] : private_pools_) {
+    pools.push_back(&p->small);
+    pools.push_back(&p->large);
+  }
+  for (const Pool* pool : pools) {
     for (const Block* b : pool->blocks) {
       info.free_bytes += b->size;
       ++info.free_blocks;
@@ -828,27 +867,30 @@ Result::FirstOom describe_oom(const TorchCachingSim& sim, std::size_t index, std
   return oom;
 }
 
-// Replays the trace; stops at the first out-of-memory when `stop_at_oom`. Feeds `series` (when
-// given) the most reserved bytes during each event. With `measure_at`, replays events
-// [0, measure_at] and fills the figures of the peak (free memory, fragmentation, rounding
-// waste, segments) from the state after the last: measuring at every new peak cost a pass over
-// the cached blocks each time, quadratic when the peak rises on most events (many streams).
-TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& options,
-                   bool stop_at_oom, SeriesRecorder* series = nullptr,
-                   std::size_t measure_at = kWholeTrace) {
+// Replays the trace, each allocation from the pool `pools` names; stops at the first
+// out-of-memory when `stop_at_oom`. Feeds `series` (when given) the most reserved bytes during
+// each event. With `measure_at`, replays events [0, measure_at] and fills the figures of the
+// peak (free memory, fragmentation, rounding waste, segments) from the state after the last:
+// measuring at every new peak cost a pass over the cached blocks each time, quadratic when the
+// peak rises on most events (many streams).
+TorchRun run_torch(const std::vector<Event>& events, const TorchGraphPools& pools,
+                   const TorchSimOptions& options, bool stop_at_oom,
+                   SeriesRecorder* series = nullptr, std::size_t measure_at = kWholeTrace) {
   TorchCachingSim sim(sim_options(options));
   TorchRun run;
   Result& r = run.result;
   using Handle = std::optional<TorchCachingSim::Handle>;  // nullopt: the allocation failed
   struct Hooks : TraceHooks<Handle> {
     TorchCachingSim& sim;
+    const TorchGraphPools& pools;
     const TorchSimOptions& options;
     TorchRun& run;
     SeriesRecorder* series;
     bool stop_at_oom;
-    bool released = false;  // the cache was released since the last alloc or free
+    bool released = false;      // the cache was released since the last alloc or free
+    std::size_t next_pool = 0;  // pools.released[next_pool] is the next pool the recording released
 
-    void on_event(std::size_t, const Event& e) {
+    void on_event(std::size_t i, const Event& e) {
       switch (e.action) {
         case Action::kSegmentFree:
         case Action::kSegmentUnmap:
@@ -856,7 +898,11 @@ TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& opti
           // The recording allocator gave memory back, or failed a request: the program called
           // emptyCache(), or malloc went down its out-of-memory path. Both end in
           // release_cached_blocks, so the model releases its cache here once. (The failed
-          // request itself is not replayed.)
+          // request itself is not replayed.) A graph pool the recording released by then
+          // goes back with the rest.
+          for (; next_pool < pools.released.size() && pools.released[next_pool].first <= i;
+               ++next_pool)
+            sim.release_pool(pools.released[next_pool].second);
           if (!released) sim.empty_cache();
           released = true;
           break;  // (a release cannot raise the peak checked below)
@@ -869,7 +915,7 @@ TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& opti
       }
     }
     Handle on_alloc(std::size_t i, const Event& e) {
-      const Handle h = sim.malloc(e.size, e.stream);
+      const Handle h = sim.malloc(e.size, e.stream, pools.pool_of(i));
       if (!h && run.result.ooms++ == 0)
         run.result.first_oom = describe_oom(sim, i, e.size, sim_options(options));
       return h;
@@ -888,7 +934,7 @@ TorchRun run_torch(const std::vector<Event>& events, const TorchSimOptions& opti
       if (series) series->add(sim.take_interval_peak());
       return !(stop_at_oom && run.result.ooms);
     }
-  } hooks{{}, sim, options, run, series, stop_at_oom};
+  } hooks{{}, sim, pools, options, run, series, stop_at_oom};
   const TraceCounts counts =
       run_trace<Handle>(events, hooks, measure_at == kWholeTrace ? events.size() : measure_at + 1);
   if (measure_at != kWholeTrace) {  // where memory sits at the peak
@@ -918,11 +964,12 @@ Result replay_torch_sim(const std::vector<Event>& events, const TorchSimOptions&
   const auto start = std::chrono::steady_clock::now();
   std::optional<SeriesRecorder> rec;
   if (options.series) rec.emplace(events.size());
-  const TorchRun run = run_torch(events, options, false, rec ? &*rec : nullptr);
+  const TorchGraphPools pools = infer_graph_pools(events);
+  const TorchRun run = run_torch(events, pools, options, false, rec ? &*rec : nullptr);
   Result r = run.result;
   if (rec) r.series = rec->finish(events);
   if (run.peak > 0) {  // the replay is deterministic: again, up to the peak, to measure there
-    const Result at_peak = run_torch(events, options, false, nullptr, run.peak_index).result;
+    const Result at_peak = run_torch(events, pools, options, false, nullptr, run.peak_index).result;
     r.free_at_peak_bytes = at_peak.free_at_peak_bytes;
     r.external_fragmentation = at_peak.external_fragmentation;
     r.rounding_waste_bytes = at_peak.rounding_waste_bytes;
@@ -940,10 +987,11 @@ Result replay_torch_sim(const std::vector<Event>& events, const TorchSimOptions&
 std::optional<std::uint64_t> torch_sim_min_capacity(const std::vector<Event>& events,
                                                     const TorchSimOptions& options,
                                                     std::uint64_t known_good) {
+  const TorchGraphPools pools = infer_graph_pools(events);
   auto fits = [&](std::uint64_t capacity) {
     TorchSimOptions o = options;
     o.capacity = capacity;
-    return run_torch(events, o, true).result.ooms == 0;
+    return run_torch(events, pools, o, true).result.ooms == 0;
   };
   return search_min_capacity(kRoundLarge, peak_requested(events), known_good, kMaxDeviceBytes,
                              fits);

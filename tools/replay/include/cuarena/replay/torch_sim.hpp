@@ -15,6 +15,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "cuarena/config_table.hpp"
@@ -60,6 +61,10 @@ std::uint64_t torch_allocation_size(std::uint64_t rounded);
 class TorchCachingSim {
  public:
   using Handle = std::uint64_t;  ///< one allocation; never reused
+  /// A memory pool: kDefaultPool (large_blocks / small_blocks), or a CUDA graph's private pool
+  /// (PrivatePool in graph_pools), made on its first request.
+  using PoolId = std::uint32_t;
+  static constexpr PoolId kDefaultPool = 0;
 
   struct Options {
     TorchConf conf;
@@ -89,15 +94,22 @@ class TorchCachingSim {
   TorchCachingSim(const TorchCachingSim&) = delete;
   TorchCachingSim& operator=(const TorchCachingSim&) = delete;
 
-  /// DeviceCachingAllocator::malloc; std::nullopt where PyTorch raises OutOfMemoryError.
-  std::optional<Handle> malloc(std::uint64_t size, std::uint64_t stream);
+  /// DeviceCachingAllocator::malloc; std::nullopt where PyTorch raises OutOfMemoryError. A
+  /// private `pool` serves the request as get_pool does while its capture is under way
+  /// (beginAllocateToPool): from that pool's own cached blocks and segments, and without the
+  /// release of every cached segment on the way to out-of-memory.
+  std::optional<Handle> malloc(std::uint64_t size, std::uint64_t stream,
+                               PoolId pool = kDefaultPool);
   /// The program dropped the block (free_requested); it stays in use until free_completed,
   /// except that release_cached_blocks() synchronizes and frees it, as PyTorch's does.
   void free_requested(Handle h);
   /// The block is free (free_completed). A handle already freed is ignored.
   void free_completed(Handle h);
-  /// emptyCache(): release_cached_blocks.
+  /// emptyCache(): release_cached_blocks: the default pools and every released private pool.
   void empty_cache();
+  /// releasePool: the graphs using the private pool are gone, so the next release returns its
+  /// whole free segments too. A later request to the pool takes it up again.
+  void release_pool(PoolId pool);
 
   std::uint64_t address(Handle h) const;     ///< the block's simulated address
   std::uint64_t block_size(Handle h) const;  ///< the block's (rounded) size
@@ -113,12 +125,13 @@ class TorchCachingSim {
   std::uint64_t allocated_bytes() const { return allocated_; }
   std::uint64_t requested_bytes() const { return requested_; }
   std::size_t segment_count() const;  ///< cudaMalloc segments / expandable segments held
-  FreeInfo free_info() const;
+  FreeInfo free_info() const;         ///< over every pool, private ones included
   const Stats& stats() const { return stats_; }
 
  private:
   struct Block;
   struct Pool;
+  struct PrivatePool;
   struct Segment;
   struct Request;
   struct BySize {
@@ -129,7 +142,8 @@ class TorchCachingSim {
   };
 
   // Allocation path (malloc's order).
-  Request make_request(std::uint64_t size, std::uint64_t stream);
+  Request make_request(std::uint64_t size, std::uint64_t stream, PoolId pool);
+  Pool& get_pool(std::uint64_t size, PoolId pool);
   bool get_free_block(Request& r);
   bool alloc_block(Request& r, bool is_retry);
   bool release_available_cached_blocks(const Request& r);
@@ -165,6 +179,7 @@ class TorchCachingSim {
   Options options_;
   std::unique_ptr<Pool> small_;
   std::unique_ptr<Pool> large_;
+  std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools_;  ///< graph_pools
   std::deque<Block> storage_;
   std::vector<Block*> spare_;
   std::unordered_map<Handle, Block*> live_;
@@ -178,6 +193,31 @@ class TorchCachingSim {
   std::size_t native_segments_ = 0;
   Stats stats_;
 };
+
+/// The CUDA graphs' private pools of a recording made under the native allocator, as far as its
+/// events show them. A snapshot's events name no pool, so they are inferred from what PyTorch's
+/// release_cached_blocks does: at a release (emptyCache, or malloc's way to out-of-memory) it
+/// frees every whole cached segment of the default pools, but none of a private pool whose graphs
+/// live. A stream that had whole free segments kept at a release, and none released there, holds
+/// a private pool (a capture stream, as torch.compile's CUDA-graph trees use): from the first
+/// such segment on, every segment the stream gets is that pool's (a block lies in a segment of
+/// its own pool), until the recording releases one of them (the pool was released, releasePool).
+/// A graph whose pool sees no release stays in the default pools, where only a release would have
+/// told it apart. Recordings with expandable segments (segment_map) are not read.
+struct TorchGraphPools {
+  using PoolId = TorchCachingSim::PoolId;
+  /// Per event, the pool the allocation came from; empty when all came from the default pools.
+  std::vector<PoolId> alloc_pool;
+  /// (event, pool), by event: the release at that event also returns that pool's free segments.
+  std::vector<std::pair<std::size_t, PoolId>> released;
+  PoolId pools = 0;  ///< private pools found, numbered from 1
+
+  PoolId pool_of(std::size_t event) const {
+    return alloc_pool.empty() ? TorchCachingSim::kDefaultPool : alloc_pool[event];
+  }
+};
+
+TorchGraphPools infer_graph_pools(const std::vector<Event>& events);
 
 struct TorchSimOptions {
   TorchConf conf;
