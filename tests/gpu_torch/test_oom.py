@@ -102,6 +102,16 @@ def test_oom_under_memory_fraction(r):
     assert r["ooms"] >= 2
 
 
+def test_the_message_explains_itself(r):
+    # What the process holds and could reuse, what the device and the others have, the largest
+    # block that could be built, and the commands that find a setting that fits.
+    msg = r["err_frac"]["message"]
+    for part in ("allocated by PyTorch", "reserved by cuarena", "free and reusable",
+                 "used by other processes", "largest block cuarena could build now is",
+                 "CUARENA_TRACE=", "python -m cuarena replay", "--min-capacity"):
+        assert part in msg, (part, msg)
+
+
 def test_recovers_after_oom(r):
     assert r["after_frac"] == r["base"]
     assert r["again_ok"] and r["big_ok"] and r["keep_ok"]

@@ -255,16 +255,30 @@ bool TorchAllocator::can_back(Device& d, std::size_t bytes) {
     observers = oom_observers_;
   }
   for (const auto& o : observers) o(d.index, allocated, device_total, device_free);
+  // What a user needs to decide: what this process holds and could reuse, what the device and
+  // the other processes have, the largest block that could be built, and how to find a fit.
+  const std::size_t reclaimable = reusable(d.main->memory_breakdown());
+  const std::size_t limit = d.main->memory_limit();
+  const std::size_t others = device_total > device_free + reserved
+                                 ? device_total - device_free - reserved  // contexts included
+                                 : 0;
+  const std::size_t headroom = std::min(device_free, limit > reserved ? limit - reserved : 0);
   std::ostringstream msg;
-  msg << "CUDA out of memory (cuarena). Tried to allocate " << bytes_text(bytes) << ". GPU "
-      << int(d.index) << " has a total capacity of " << bytes_text(device_total) << " of which "
-      << bytes_text(device_free) << " is free. cuarena holds " << bytes_text(reserved)
-      << " reserved in this process, of which " << bytes_text(allocated)
-      << " is allocated by PyTorch and " << bytes_text(reserved - allocated)
-      << " is reserved but unallocated; its limit is " << bytes_text(d.main->memory_limit())
-      << ". Before failing, cuarena returned blocks parked in stream caches, waited for every "
-         "pending free and stream sweep, moved cached memory where it was needed, and retried. "
-         "Free tensors, lower the batch size, or raise per_process_memory_fraction. ("
+  msg << "CUDA out of memory (cuarena). Tried to allocate " << bytes_text(bytes) << " on GPU "
+      << int(d.index) << ". This process: " << bytes_text(allocated) << " allocated by PyTorch, "
+      << bytes_text(reserved) << " reserved by cuarena, of which " << bytes_text(reclaimable)
+      << " is free and reusable; limit " << bytes_text(limit)
+      << " (per_process_memory_fraction). The GPU: " << bytes_text(device_total) << " total, "
+      << bytes_text(device_free) << " free, " << bytes_text(others)
+      << " used by other processes and CUDA contexts. The largest block cuarena could build now "
+         "is "
+      << bytes_text(reclaimable + headroom)
+      << " (its free memory stitched together plus the device's free memory within the limit). "
+         "Before failing it returned blocks parked in stream caches, waited for pending frees "
+         "and moved cached memory where it was needed. To see which setting fits: record the "
+         "job with CUARENA_TRACE=oom.pickle.gz, then `python -m cuarena replay oom.pickle.gz "
+         "--min-capacity` (and `--config whole_chunk_min:0` for memory first); or free tensors, "
+         "lower the batch size, or raise per_process_memory_fraction. ("
       << core_message << ")";
   TORCH_CHECK_WITH(OutOfMemoryError, false, msg.str());
 }
