@@ -27,13 +27,6 @@ std::string_view trim_view(std::string_view s) {
   return s;
 }
 
-// A piece of the config text as a message quotes it: at most 200 characters, then "…" and the
-// length, so a huge value (a pasted file, a runaway script) leaves a one-line message.
-std::string quoted(std::string_view s) {
-  if (s.size() <= 200) return std::string(s);
-  return std::string(s.substr(0, 200)) + "\u2026 (" + std::to_string(s.size()) + " characters)";
-}
-
 std::string valid_keys(const std::vector<ConfigTarget>& targets) {
   std::string out;
   for (const ConfigTarget& t : targets) {
@@ -57,7 +50,7 @@ std::vector<ConfigItem> split_items(std::string_view text,
     }
     if (depth != 0) {
       throw ConfigError("cuarena config: unbalanced '[' or ']' at position " + std::to_string(i) +
-                        " in \"" + quoted(text) + "\"");
+                        " in \"" + clip(text) + "\"");
     }
     std::string_view item = text.substr(start, i - start);
     if (i < text.size()) ++i;  // the comma
@@ -68,7 +61,7 @@ std::vector<ConfigItem> split_items(std::string_view text,
     const std::size_t colon = item.find(':');
     if (colon == std::string_view::npos) {
       throw ConfigError("cuarena config: expected key:value at position " +
-                        std::to_string(start + lead) + ", got \"" + quoted(item) +
+                        std::to_string(start + lead) + ", got \"" + clip(item) +
                         "\"; valid keys: " + valid_keys(targets));
     }
     out.push_back({trim_view(item.substr(0, colon)), item.substr(colon + 1), start + lead});
@@ -81,7 +74,7 @@ std::vector<ConfigItem> split_items(std::string_view text,
 std::string ConfigItem::text() const { return trim_copy(value); }
 
 void ConfigItem::bad(std::string_view expected) const {
-  throw ConfigError("cuarena config: bad value \"" + quoted(text()) + "\" for key '" + quoted(key) +
+  throw ConfigError("cuarena config: bad value \"" + clip(text()) + "\" for key '" + clip(key) +
                     "' at position " + std::to_string(position) + ": expected " +
                     std::string(expected));
 }
@@ -93,7 +86,7 @@ void parse_config(std::string_view text, const std::vector<ConfigTarget>& target
       if ((found = t.set(item))) break;
     }
     if (!found) {
-      throw ConfigError("cuarena config: unknown key '" + quoted(item.key) + "' at position " +
+      throw ConfigError("cuarena config: unknown key '" + clip(item.key) + "' at position " +
                         std::to_string(item.position) + "; valid keys: " + valid_keys(targets));
     }
   }
@@ -256,7 +249,7 @@ std::string Config::to_string() const { return config_string(table(), *this); }
 std::size_t parse_size(std::string_view text, std::string_view what) {
   const std::string v = trim_copy(text);
   auto fail = [&](const std::string& why) -> std::size_t {
-    throw ConfigError("bad size \"" + quoted(v) + "\" for " + quoted(what) + ": " + why);
+    throw ConfigError("bad size \"" + clip(v) + "\" for " + clip(what) + ": " + why);
   };
   if (v.empty()) return fail("empty");
   if (v[0] == '-') return fail("negative");
@@ -283,7 +276,7 @@ std::size_t parse_size(std::string_view text, std::string_view what) {
     if (name == unit) scale = factor;
   }
   if (scale == 0)
-    return fail("unknown unit \"" + quoted(unit) +
+    return fail("unknown unit \"" + clip(unit) +
                 "\": use bytes, or B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB "
                 "(powers of 1024), e.g. 80GB or 80GiB");
   char* end = nullptr;
@@ -293,6 +286,39 @@ std::size_t parse_size(std::string_view text, std::string_view what) {
   if (!(bytes < 1.8e19)) return fail("too large");
   if (bytes != std::floor(bytes)) return fail("not a whole number of bytes");
   return static_cast<std::size_t>(bytes);
+}
+
+std::string clip(std::string_view text, std::size_t max) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  std::size_t i = 0;
+  for (; i < text.size() && out.size() < max; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    // C1 controls (U+0080-U+009F) are two bytes in UTF-8; some terminals act on them too.
+    const bool c1 = c == 0xC2 && i + 1 < text.size() &&
+                    (static_cast<unsigned char>(text[i + 1]) & 0xE0) == 0x80;
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7F) {
+      out += std::string("\\x") + hex[c >> 4] + hex[c & 15];
+    } else if (c1) {
+      const auto d = static_cast<unsigned char>(text[++i]);
+      out += std::string("\\u00") + hex[d >> 4] + hex[d & 15];
+    } else {
+      // Cut before a UTF-8 sequence that would not fit whole.
+      std::size_t n = 1;
+      while (i + n < text.size() && (static_cast<unsigned char>(text[i + n]) & 0xC0) == 0x80) ++n;
+      if (n > 1 && out.size() + n > max) break;
+      out.append(text.substr(i, n));
+      i += n - 1;
+    }
+  }
+  if (i < text.size()) out += "\u2026 (" + std::to_string(text.size()) + " characters)";
+  return out;
 }
 
 std::string format_bytes(std::size_t bytes) {

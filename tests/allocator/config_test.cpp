@@ -104,8 +104,8 @@ TEST(Config, MalformedValuesNameTheKey) {
        {"small_limit:-1", "small_limit:12XB", "small_limit:", "defrag_threshold:2",
         "defrag_threshold:abc", "per_process_memory_fraction:0", "size_classes_per_doubling:0",
         "upstream:cuda", "sim_granularity:3000", "sim_granularity:512", "sim_granularity:2KiB",
-        "sim_granularity:2GiB", "sim_capacity:29TiB", "va_reserve:65TiB", "sweep_interval:0",
-        "stream_alias:maybe", "cache_slack:-1"}) {
+        "sim_granularity:2GiB", "sim_capacity:29TiB", "sim_capacity:1", "sim_capacity:63KiB",
+        "va_reserve:65TiB", "sweep_interval:0", "stream_alias:maybe", "cache_slack:-1"}) {
     const std::string msg = error_of(bad);
     const std::string key = std::string(bad).substr(0, std::string(bad).find(':'));
     EXPECT_NE(msg.find("'" + key + "'"), std::string::npos) << bad << " -> " << msg;

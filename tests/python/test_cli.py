@@ -742,3 +742,191 @@ def test_cache_location_and_switching_it_off(tmp_path):
     assert not off.exists()
     # An unwritable cache is no error: the replay goes on without it.
     assert run_env("replay", trace, CUARENA_CACHE_DIR="/proc/no/such/dir").returncode == 0
+
+
+def small_files(limit):
+    """preexec_fn: writes past `limit` bytes fail with EFBIG ("File too large"), as on a full
+    disk, instead of the process being killed."""
+    import resource
+    import signal
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def run_limited(limit, *args):
+    return subprocess.run([cli(), *map(str, args)], capture_output=True, text=True, timeout=600,
+                          preexec_fn=small_files(limit))
+
+
+def one_error_line(proc):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cuarena: error: "), proc.stderr
+    return lines[0]
+
+
+def small_trace(tmp_path):
+    """A .cuat of a few events: its results JSON is about 2 KB, and no conversion (whose
+    temporary files the size limit would stop first) is needed."""
+    return cuat_file(tmp_path, [record(action=3, addr=1 << 30, size=20 * MiB),
+                                record(addr=1 << 30, size=4 * MiB),
+                                record(addr=(1 << 30) + 4 * MiB, size=512),
+                                record(action=2, addr=1 << 30, size=4 * MiB)], "small.cuat")
+
+
+def test_a_failed_json_write_leaves_the_earlier_file(tmp_path):
+    trace = small_trace(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "results.json"
+    out.write_text('{"results": []}\n')
+    # The JSON (about 2 KB) does not fit under 1 KB: it was rewritten in place, leaving 1 KB of
+    # broken JSON and "results.json: write failed".
+    line = one_error_line(run_limited(1024, "replay", trace, "--json", out))
+    assert line == f"cuarena: error: --json {out}: write failed: File too large; the earlier " \
+                   "file is unchanged", line
+    assert out.read_text() == '{"results": []}\n'
+    assert [p.name for p in out_dir.iterdir()] == ["results.json"]  # no temporary left
+    # Written whole, it keeps the earlier file's mode and leaves nothing beside it.
+    out.chmod(0o640)
+    run("replay", trace, "--json", out, check=True)
+    assert json.loads(out.read_text())["results"] and (out.stat().st_mode & 0o777) == 0o640
+    assert [p.name for p in out_dir.iterdir()] == ["results.json"]
+
+
+def test_convert_writes_through_a_name_of_its_own(tmp_path):
+    trace = small_trace(tmp_path)
+    out = tmp_path / "out" / "t.cuat"
+    out.parent.mkdir()
+    partial = out.parent / "t.cuat.partial"
+    partial.write_text("the user's own file")  # the fixed temporary name took it, then removed it
+    out.write_bytes(b"earlier")
+    run("convert", trace, out, check=True)
+    assert out.read_bytes() == trace.read_bytes()
+    assert partial.read_text() == "the user's own file"
+    # A failed write: the earlier file stays, no temporary is left, and the line says why.
+    out.write_bytes(b"earlier")
+    big = tmp_path / "big.cuat"
+    run("convert", TRACES / "resnet50_amp.pickle.gz", big, check=True)
+    line = one_error_line(run_limited(64 << 10, "convert", big, out))
+    assert line.startswith(f"cuarena: error: convert output {out}: write failed: File too large")
+    assert line.endswith("; the earlier file is unchanged"), line
+    assert out.read_bytes() == b"earlier"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["t.cuat", "t.cuat.partial"]
+
+
+def test_a_failed_report_write_leaves_the_earlier_file(tmp_path):
+    if subprocess.run([os.environ.get("CUARENA_PYTHON", "python3"), "-c", "import matplotlib"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("matplotlib not installed (tools/install-deps.sh installs it)")
+    trace = small_trace(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "r.png"
+    out.write_bytes(b"earlier picture")
+    # The rows' JSON (a few KB) fits under 16 KB; the picture (tens of KB) does not.
+    line = one_error_line(run_limited(16 << 10, "replay", trace, "--report", out))
+    assert line.startswith(f"cuarena: error: --report {out}: ") and "File too large" in line, line
+    assert line.endswith("; the earlier file is unchanged") and ".r." not in line, line
+    assert out.read_bytes() == b"earlier picture"
+    assert [p.name for p in out_dir.iterdir()] == ["r.png"]
+    run("replay", trace, "--report", out, check=True)
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert [p.name for p in out_dir.iterdir()] == ["r.png"]
+
+
+@pytest.mark.parametrize("option", ["--json", "--capacity", "--report", "--allocator", "--backend",
+                                    "--device", "--gpu-lag", "--torch-conf", "TRACE"])
+def test_an_empty_value_is_an_error_naming_the_option(tmp_path, option):
+    trace = small_trace(tmp_path)
+    args = ["replay", ""] if option == "TRACE" else ["replay", trace, option, ""]
+    proc = run(*args)
+    line = one_error_line(proc)
+    assert line.startswith(f"cuarena: error: {option}: empty value"), line
+    assert proc.stdout == ""
+    assert list(tmp_path.iterdir()) == [trace]  # nothing written
+
+
+def test_an_empty_config_is_the_defaults_not_the_environment(tmp_path):
+    trace = TRACES / "bert_varlen_infer.pickle.gz"
+    defaults = replay_json(tmp_path, trace, "--allocator", "cuarena")
+    out = tmp_path / "env.json"
+    # $CUARENA_CONF applies without --config, and --config '' sets it aside.
+    proc = run_env("replay", trace, "--allocator", "cuarena", "--json", out,
+                   CUARENA_CONF="whole_chunk_min:0")
+    assert proc.returncode == 0, proc.stderr
+    assert no_elapsed(json.loads(out.read_text())["results"]) != no_elapsed(defaults)
+    proc = run_env("replay", trace, "--allocator", "cuarena", "--config", "", "--json", out,
+                   CUARENA_CONF="whole_chunk_min:0")
+    assert proc.returncode == 0, proc.stderr
+    assert no_elapsed(json.loads(out.read_text())["results"]) == no_elapsed(defaults)
+    broken = run_env("replay", trace, "--config", "", CUARENA_CONF="typo_key:1")
+    assert broken.returncode == 0, broken.stderr
+    assert "--config ''" in run("replay", "--help", check=True).stdout
+
+
+def test_every_quoted_argument_is_clipped_and_escaped(tmp_path):
+    trace = small_trace(tmp_path)
+    big = "x" * 100_000  # an argument's limit is 128 KiB
+    cases = [
+        ["replay", trace, "--capacity", "9" + big],
+        ["replay", trace, "--capacity=9" + big],
+        ["replay", trace, "--allocator", "torch-native-sim", "--torch-conf", big + ":1"],
+        ["replay", trace, "--json", big],
+        ["replay", trace, "--json", tmp_path / big[:200] / "r.json"],
+        ["replay", trace, "--report", big + ".png"],
+        ["replay", trace, "--report", big],
+        ["replay", trace, "--backend", big],
+        ["replay", trace, "--allocator", big],
+        ["replay", trace, "--device", big],
+        ["replay", trace, "--config", big],
+        ["replay", tmp_path / big[:250]],
+        ["convert", trace, big + "/t.cuat"],
+        [big],
+    ]
+    for args in cases:
+        line = one_error_line(run(*args))
+        assert "\u2026 (" in line and len(line) < 800, (args[1:3], line[:1000])
+    # A control character would split the line or drive the terminal: escaped.
+    odd = "a\nb\x1b[31m"
+    for args in (["replay", trace, "--json", tmp_path / odd / "r.json"],
+                 ["replay", trace, "--report", tmp_path / odd / "r.png"],
+                 ["replay", trace, "--backend", odd], ["replay", tmp_path / odd],
+                 ["convert", trace, tmp_path / odd / "t.cuat"], [odd],
+                 ["replay", trace, "--config", odd + ":1"]):
+        line = one_error_line(run(*args))
+        assert "a\\nb\\x1b[31m" in line and "\x1b" not in line, (args, line)
+
+
+def test_an_unknown_subcommand_is_named_with_the_valid_ones():
+    line = one_error_line(run("bogus"))
+    assert line == "cuarena: error: unknown subcommand 'bogus': give replay, convert or config " \
+                   "(run 'cuarena --help')", line
+    line = one_error_line(run())
+    assert "a subcommand is required: replay, convert or config" in line, line
+    assert run("--version").returncode == 0 and run("--help").returncode == 0
+
+
+def test_sim_capacity_is_zero_or_at_least_one_granule(tmp_path):
+    trace = small_trace(tmp_path)
+    for config, named in (("sim_capacity:1", "expected 0, or a size from one granule"),
+                          ("sim_capacity:1MiB", "sim_capacity 1MiB is less than one granule "
+                                                "(sim_granularity 2MiB)"),
+                          ("sim_granularity:64KiB,sim_capacity:32KiB", "sim_capacity")):
+        line = one_error_line(run("replay", trace, "--config", config))
+        assert named in line, line
+    # The granule may come after the capacity; 0 is the documented default device.
+    for config in ("sim_capacity:1MiB,sim_granularity:64KiB", "sim_capacity:0",
+                   "sim_capacity:2MiB"):
+        assert run("replay", trace, "--config", config).returncode == 0, config
+    row = next(l for l in (REPO / "README.md").read_text().splitlines()
+               if l.startswith("| `sim_capacity` |"))
+    assert "0, or a size from one granule (sim_granularity) to 16TiB" in row
+
+
+def test_a_negative_device_is_refused(tmp_path):
+    line = one_error_line(run("replay", small_trace(tmp_path), "--device", "-1"))
+    assert line.startswith("cuarena: error: --device: Value -1 not in range 0 to "), line

@@ -137,4 +137,9 @@ inline constexpr std::size_t kMaxDeviceBytes = std::size_t{16} << 40;
 /// Formats bytes for people: `1.50 GiB`, `512 B`.
 std::string format_bytes(std::size_t bytes);
 
+/// `text` as an error message quotes it (a config value, a file name, another program's output):
+/// control characters escaped (`\n`, `\t`, `\x1b`), so the message stays one line, and cut
+/// after about `max` bytes, "…" and the full length following, so it stays short.
+std::string clip(std::string_view text, std::size_t max = 200);
+
 }  // namespace cuarena

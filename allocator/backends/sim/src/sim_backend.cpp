@@ -15,6 +15,12 @@ constexpr DevicePtr kVaBase = DevicePtr{1} << 44;  // where simulated address sp
 constexpr DevicePtr kVaEnd = DevicePtr{1} << 47;
 
 [[noreturn]] void misuse(const std::string& what) { throw std::logic_error("SimBackend: " + what); }
+
+// Devices map in granules of 64 KiB (older GPUs) to 2 MiB; smaller ones would make the
+// simulator's per-granule tables huge for nothing.
+constexpr std::size_t kMinGranularity = 64 * KiB;
+// sim_capacity's values: 0 keeps its documented meaning, the default device.
+constexpr char kCapacityValues[] = "0, or a size from one granule (sim_granularity) to 16TiB";
 }  // namespace
 
 const ConfigTable<SimConfig>& SimConfig::table() {
@@ -23,14 +29,26 @@ const ConfigTable<SimConfig>& SimConfig::table() {
       uint_key("sim_event_latency", &S::event_latency, 0, std::uint64_t{1} << 30,
                "simulator: how far the device runs behind, in trace events: an event completes "
                "this many events after its stream's last work (a replayed event on it)"),
-      size_key("sim_capacity", &S::capacity, 0, kMaxDeviceBytes,
-               "simulator: device bytes (0: " + size_text(SimBackend::kDefaultCapacity) + ")"),
-      // Devices map in granules of 64 KiB (older GPUs) to 2 MiB; smaller ones would make the
-      // simulator's per-granule tables huge for nothing.
-      size_key("sim_granularity", &S::granularity, 64 * KiB, 1 * GiB, "simulator: granule size",
-               /*pow2=*/true),
+      {"sim_capacity", kCapacityValues,
+       "simulator: device bytes (0: " + size_text(SimBackend::kDefaultCapacity) + ")",
+       [](S& s, const ConfigItem& i) {
+         // Below the smallest granule is never a device; against sim_granularity itself (which
+         // may come later in the string) check() holds it.
+         s.capacity = read_size(i, 0, kMaxDeviceBytes);
+         if (s.capacity != 0 && s.capacity < kMinGranularity) i.bad(kCapacityValues);
+       },
+       [](const S& s) { return size_text(s.capacity); }},
+      size_key("sim_granularity", &S::granularity, kMinGranularity, 1 * GiB,
+               "simulator: granule size", /*pow2=*/true),
   };
   return rows;
+}
+
+void SimConfig::check() const {
+  if (capacity != 0 && capacity < granularity)
+    throw ConfigError("cuarena config: sim_capacity " + size_text(capacity) +
+                      " is less than one granule (sim_granularity " + size_text(granularity) +
+                      "): expected " + kCapacityValues);
 }
 
 SimBackend::SimBackend(Options options) : options_(options), next_va_(kVaBase) {

@@ -11,6 +11,7 @@
 #include "cuarena/errors.hpp"
 #include "cuarena/replay/allocator_registry.hpp"
 #include "cuarena/replay/gpu_replay.hpp"
+#include "cuarena/replay/output.hpp"
 #include "cuarena/replay/torch_sim.hpp"
 
 namespace cuarena::replay {
@@ -21,10 +22,11 @@ bool has(const std::vector<std::string>& v, const char* x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
-// --config (else $CUARENA_CONF), --capacity and --torch-conf, checked.
+// --config (else $CUARENA_CONF; --config '' is the defaults), --capacity and --torch-conf,
+// checked.
 SimOptions sim_options(const ReplayArgs& a) {
   SimOptions sim;
-  if (a.config.empty()) {
+  if (!a.config) {
     try {
       const char* env = std::getenv("CUARENA_CONF");
       parse_replay_config(env ? env : "", sim);
@@ -33,12 +35,12 @@ SimOptions sim_options(const ReplayArgs& a) {
     }
   } else {
     try {
-      parse_replay_config(a.config, sim);
+      parse_replay_config(*a.config, sim);
     } catch (const ConfigError& e) {
       // PyTorch's keys (max_split_size_mb, ...) are a common slip: say where they go.
       bool torch_keys = true;
       try {
-        TorchConf::parse(a.config);
+        TorchConf::parse(*a.config);
       } catch (const ConfigError&) {
         torch_keys = false;
       }
@@ -48,21 +50,23 @@ SimOptions sim_options(const ReplayArgs& a) {
                         "torch-native-sim and torch-expandable-sim rows)");
     }
   }
+  const std::string capacity_arg = "--capacity " + clip(a.capacity);
   if (!a.capacity.empty()) {
     sim.capacity = parse_size(a.capacity, "--capacity");
     if (sim.capacity < sim.device.granularity)
-      throw ConfigError("--capacity " + a.capacity + " is smaller than one granule");
+      throw ConfigError(capacity_arg + " is smaller than one granule (sim_granularity " +
+                        size_text(sim.device.granularity) + ")");
     if (sim.capacity > kMaxDeviceBytes)
-      throw ConfigError("--capacity " + a.capacity + " is larger than any device (at most 16TiB)");
+      throw ConfigError(capacity_arg + " is larger than any device (at most 16TiB)");
   }
   const std::uint64_t g = sim.device.granularity, capacity = sim_capacity_bytes(sim);
   if (capacity > max_sim_capacity(g)) {
-    throw ConfigError((a.capacity.empty() ? "sim_capacity " + format_bytes(capacity)
-                                          : "--capacity " + a.capacity) +
-                      " is " + std::to_string(capacity / g) + " granules of sim_granularity " +
-                      format_bytes(g) + "; the simulator takes at most " +
-                      std::to_string(kMaxSimGranules) + " (" + format_bytes(max_sim_capacity(g)) +
-                      " at this granularity): a smaller capacity or a larger sim_granularity");
+    throw ConfigError(
+        (a.capacity.empty() ? "sim_capacity " + format_bytes(capacity) : capacity_arg) + " is " +
+        std::to_string(capacity / g) + " granules of sim_granularity " + format_bytes(g) +
+        "; the simulator takes at most " + std::to_string(kMaxSimGranules) + " (" +
+        format_bytes(max_sim_capacity(g)) +
+        " at this granularity): a smaller capacity or a larger sim_granularity");
   }
   sim.torch_conf = a.torch_conf;
   sim.series = a.series || !a.report.empty();
@@ -110,7 +114,7 @@ int run_replay(ReplayArgs a) {
       }
       traces.emplace_back(path, std::move(by_device));
     } catch (const TraceError& e) {
-      std::cerr << "cuarena: error: " << e.what() << '\n';
+      std::cerr << "cuarena: error: " << error_line(e.what(), {path}) << '\n';
       bad_input = true;
     }
   }
@@ -120,7 +124,8 @@ int run_replay(ReplayArgs a) {
   bool failures = false;
   Notes notes;  // per-device notes, one line per trace and text (flushed after each trace)
   for (const auto& [path, by_device] : traces) {
-    if (by_device.empty()) std::cerr << "cuarena replay: " << path << ": the trace has no events\n";
+    if (by_device.empty())
+      std::cerr << "cuarena replay: " << clip(path) << ": the trace has no events\n";
     const std::string trace = trace_name(path);
     for (const auto& [device, ev] : by_device) {
       const bool one = by_device.size() == 1 && device == 0;
@@ -136,7 +141,7 @@ int run_replay(ReplayArgs a) {
           try {
             rows.push_back(entry.cuda(allocator, c));
           } catch (const std::runtime_error& e) {  // report, go on with the other allocators
-            std::cerr << "cuarena: error: " << e.what() << '\n';
+            std::cerr << "cuarena: error: " << error_line(e.what(), {path}) << '\n';
             failures = true;
           }
         }

@@ -1,5 +1,6 @@
 #include "cuarena/replay/report.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "cuarena/config.hpp"
 #include "cuarena/errors.hpp"
+#include "cuarena/replay/output.hpp"
 #include "input/process.hpp"
 
 namespace cuarena::replay {
@@ -29,13 +31,14 @@ void Notes::add(const std::string& trace, const std::string& device, const std::
 void Notes::flush(std::ostream& out) {
   for (const Group& g : groups_) {
     const std::vector<std::string>& d = g.devices;
+    const std::string trace = clip(g.trace);  // a file's name: one line, whatever it holds
     if (d.size() <= 3) {
       for (const std::string& device : d)
-        out << "cuarena replay: " << g.trace << (device.empty() ? "" : ":" + device) << ": "
-            << g.text << '\n';
+        out << "cuarena replay: " << trace << (device.empty() ? "" : ":" + device) << ": " << g.text
+            << '\n';
       continue;
     }
-    out << "cuarena replay: " << g.trace << ": " << d.size() << " devices (" << d[0] << ", " << d[1]
+    out << "cuarena replay: " << trace << ": " << d.size() << " devices (" << d[0] << ", " << d[1]
         << ", " << d[2] << (d.size() > 4 ? ", \u2026, " : ", ") << d.back() << "): " << g.text
         << '\n';
   }
@@ -159,7 +162,7 @@ void print_table(std::ostream& out, const std::vector<Result>& results) {
   }
 }
 
-void write_json(const std::string& path, const std::vector<Result>& results, bool series) {
+std::string json_text(const std::vector<Result>& results, bool series) {
   nlohmann::json doc;
   doc["results"] = nlohmann::json::array();
   for (const Result& r : results) {
@@ -213,11 +216,12 @@ void write_json(const std::string& path, const std::vector<Result>& results, boo
     }
     doc["results"].push_back(j);
   }
-  std::ofstream out(path);
-  if (!out) throw TraceError(path + ": cannot open for writing");
-  out << doc.dump(2) << '\n';
-  out.close();  // the close flushes: a full disk shows here
-  if (!out) throw TraceError(path + ": write failed");
+  return doc.dump(2) + '\n';
+}
+
+void write_json(const std::string& path, const std::vector<Result>& results, bool series,
+                const std::string& what) {
+  write_output(path, what, json_text(results, series));
 }
 
 std::vector<Result> read_json(const std::string& path) {
@@ -321,16 +325,7 @@ std::string run_report_script(const std::vector<std::string>& args) {
 }  // namespace
 
 void check_json(const std::string& path) {
-  std::error_code ec;
-  const std::filesystem::path json(path);
-  if (std::filesystem::is_directory(json, ec))
-    throw ConfigError("--json " + path + " is a directory; give a file name such as " +
-                      (json / "results.json").string());
-  const std::string dir = json.has_parent_path() ? json.parent_path().string() : ".";
-  const bool exists = std::filesystem::exists(json, ec);
-  if (::access(exists ? path.c_str() : dir.c_str(), W_OK) != 0)
-    throw ConfigError("--json " + path + ": cannot write " + (exists ? "it" : "in " + dir) + ": " +
-                      std::strerror(errno));
+  check_output(path, "--json", "results.json", /*direct_ok=*/true);
 }
 
 void check_report(const std::string& path) {
@@ -342,35 +337,33 @@ void check_report(const std::string& path) {
     throw ConfigError("--report " + clip(path) +
                       ": give a file name ending in .html (the plot beside the table) or .png "
                       "(the plot alone)");
-  std::error_code ec;
-  if (std::filesystem::is_directory(p, ec))
-    throw ConfigError("--report " + path + " is a directory; give a file name such as " +
-                      (p / "report.html").string());
-  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-  if (!std::filesystem::is_directory(dir, ec))
-    throw ConfigError("--report " + path + ": no directory " + dir);
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw ConfigError("--report " + path + ": cannot write in " + dir + ": " +
-                      std::strerror(errno));
+  // Not a device: the script writes a file of its own beside the one it is given.
+  check_output(path, "--report", "report.html", /*direct_ok=*/false);
   const std::string why = run_report_script({"--check"});
-  if (!why.empty()) throw ConfigError("--report " + path + ": " + why);
+  if (!why.empty()) throw ConfigError("--report " + clip(path) + ": " + why);
 }
 
 void write_report(const std::string& path, const std::vector<Result>& results) {
-  char tmpl[] = "/tmp/cuarena-report-XXXXXX";
-  const int fd = mkstemp(tmpl);
-  if (fd < 0) throw TraceError("--report " + path + ": cannot create a temporary file");
-  close(fd);
-  std::string why;
-  try {
-    write_json(tmpl, results, true);
-    why = run_report_script({tmpl, path});
-  } catch (...) {
-    std::remove(tmpl);
-    throw;
-  }
-  std::remove(tmpl);
-  if (!why.empty()) throw TraceError("--report " + path + ": " + why);
+  // The rows' JSON for the script, in a scratch file removed on every way out.
+  char scratch[] = "/tmp/cuarena-report-XXXXXX";
+  const int fd = mkostemp(scratch, O_CLOEXEC);
+  if (fd < 0)
+    throw TraceError("--report " + clip(path) +
+                     ": cannot create a temporary file in /tmp: " + std::strerror(errno));
+  struct Remove {
+    const char* file;
+    ~Remove() { std::remove(file); }
+  } remove_scratch{scratch};
+  const bool written = write_all(fd, json_text(results, true));
+  const int err = errno;
+  if (::close(fd) != 0 || !written)
+    throw TraceError("--report " + clip(path) + ": cannot write a temporary file in /tmp: " +
+                     std::strerror(written ? errno : err));
+  write_output(path, "--report", [&](const std::string& file, int) {
+    if (file == path) throw TraceError("not a regular file");
+    const std::string why = run_report_script({scratch, file});
+    if (!why.empty()) throw TraceError(why);
+  });
 }
 
 }  // namespace cuarena::replay

@@ -171,13 +171,6 @@ std::vector<Event> load_trace(const std::string& path) {
   return events;
 }
 
-std::string clip(const std::string& text, std::size_t max) {
-  if (text.size() <= max) return text;
-  std::size_t cut = max;  // not inside a UTF-8 sequence
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return text.substr(0, cut) + "… (" + std::to_string(text.size()) + " characters)";
-}
-
 std::string trace_name(const std::string& path) {
   std::string name = std::filesystem::path(path).filename().string();
   for (const char* ext : {".gz", ".pickle", ".pkl", ".cuat", ".csv"}) {

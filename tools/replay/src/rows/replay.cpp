@@ -427,6 +427,7 @@ void parse_replay_config(std::string_view text, SimOptions& options) {
   options.device = SimConfig{};
   parse_config(text, {ConfigTarget(Config::table(), options.config),
                       ConfigTarget(SimConfig::table(), options.device)});
+  options.device.check();
 }
 
 std::string config_markdown_table() {

@@ -43,6 +43,9 @@ struct SimConfig {
   std::size_t granularity = std::size_t{2} << 20;  ///< granule bytes
 
   static const ConfigTable<SimConfig>& table();
+  /// Throws ConfigError when the keys disagree (a sim_capacity below one sim_granularity
+  /// granule): the table reads each key alone, in the string's order.
+  void check() const;
   bool operator==(const SimConfig&) const = default;
 };
 

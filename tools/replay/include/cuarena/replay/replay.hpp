@@ -136,7 +136,8 @@ struct SimOptions {
 };
 
 /// Parses a config string of the core's keys and the simulator's (`sim_*`) into `options`
-/// (config and device), from their defaults. Throws ConfigError as parse_config().
+/// (config and device), from their defaults. Throws ConfigError as parse_config() and
+/// SimConfig::check() do.
 void parse_replay_config(std::string_view text, SimOptions& options);
 
 /// The Markdown table of every key --config takes (the core's, then the simulator's), with

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,8 +17,8 @@ struct ReplayArgs {
   bool check = false;  ///< exit 1 when a replayed row runs out of memory
   bool verify = false;
   int device = 0;
-  std::uint64_t gpu_lag = 0;  ///< GpuReplayOptions::gpu_lag of every GPU row
-  std::string config;
+  std::uint64_t gpu_lag = 0;          ///< GpuReplayOptions::gpu_lag of every GPU row
+  std::optional<std::string> config;  ///< nullopt: $CUARENA_CONF; "" (given empty): the defaults
   std::string torch_conf;
   std::string json;
   bool series = false;  ///< --json gains each row's series

@@ -41,26 +41,33 @@ void print_verdicts(std::ostream& out, const std::vector<Result>& results);
 /// Writes the results as an aligned text table.
 void print_table(std::ostream& out, const std::vector<Result>& results);
 
-/// Writes {"results": [...]} to `path`, with each row's "series" when `series` (and the row has
-/// one). Throws TraceError when the file cannot be written.
-void write_json(const std::string& path, const std::vector<Result>& results, bool series = false);
+/// {"results": [...]}, with each row's "series" when `series` (and the row has one).
+std::string json_text(const std::vector<Result>& results, bool series = false);
+
+/// Writes json_text() to `path`, whole or not at all (write_output(), whose errors name it as
+/// `what`). Throws TraceError when it cannot be written.
+void write_json(const std::string& path, const std::vector<Result>& results, bool series = false,
+                const std::string& what = "--json");
 
 /// Reads what write_json() wrote. Throws TraceError.
 std::vector<Result> read_json(const std::string& path);
 
-/// --json PATH: checks, before any replay, that PATH is not a directory and can be written,
-/// without creating it (a run that fails leaves no empty results file). Throws ConfigError.
+/// --json PATH: checks, before any replay, that PATH can be written (check_output(); a device
+/// such as /dev/stdout is written directly), without creating it (a run that fails leaves no
+/// empty results file). Throws ConfigError.
 void check_json(const std::string& path);
 
-/// --report PATH: checks, before any replay, that PATH ends in .html or .png, is not a
-/// directory, can be written, and that the report script's Python has matplotlib. Throws
-/// ConfigError naming the problem (for a missing module: which, and how to install it).
+/// --report PATH: checks, before any replay, that PATH ends in .html or .png, can be written
+/// (check_output(); a regular file or a new one), and that the report script's Python has
+/// matplotlib. Throws ConfigError naming the problem (for a missing module: which, and how to
+/// install it).
 void check_report(const std::string& path);
 
 /// Draws reserved (one line per row) and requested bytes over the replay, each peak marked, as
 /// a PNG at `path`, or for .html a page with that picture beside the rows' table
-/// (tools/replay/report.py, given the rows' JSON with their series). Rows without a series are
-/// in the table only. A failed write leaves no file. Throws TraceError naming the problem.
+/// (tools/replay/report.py, given the rows' JSON with their series, writing write_output()'s
+/// temporary). Rows without a series are in the table only. A failed write leaves the earlier
+/// file as it was. Throws TraceError naming the problem.
 void write_report(const std::string& path, const std::vector<Result>& results);
 
 }  // namespace cuarena::replay

@@ -27,10 +27,6 @@ std::vector<Event> read_cuat(const std::string& path);
 /// `path`'s converted events (a temporary or cached copy), and the user knows only `path`.
 std::vector<Event> read_cuat(const std::string& file, const std::string& path);
 
-/// `text` cut to `max` characters, with "…" and the full length after, so a message quoting a
-/// field of the input (or another program's output) stays one short line.
-std::string clip(const std::string& text, std::size_t max = 200);
-
 /// Writes events as an uncompressed `.cuat` file. Throws TraceError.
 void write_cuat(const std::string& path, const std::vector<Event>& events);
 
