@@ -15,7 +15,8 @@ namespace cuarena::monitor {
 static_assert(sizeof(MonitorPage) % sizeof(std::uint64_t) == 0);
 
 bool copy_page(const MonitorPage& mapped, MonitorPage& out, int attempts) {
-  // Word by word as relaxed atomics: the writer stores them so (seqlock.hpp).
+  // Word by word with acquire loads, matching the writer's release stores (seqlock.hpp): a
+  // word of a rewrite under way makes the second load of `seq` see it under way.
   auto* src = const_cast<std::uint64_t*>(reinterpret_cast<const std::uint64_t*>(&mapped));
   std::uint64_t words[sizeof(MonitorPage) / sizeof(std::uint64_t)];
   auto seq = std::atomic_ref<std::uint64_t>(src[offsetof(MonitorPage, seq) / 8]);
@@ -23,8 +24,7 @@ bool copy_page(const MonitorPage& mapped, MonitorPage& out, int attempts) {
     const std::uint64_t before = seq.load(std::memory_order_acquire);
     if (before % 2 == 0) {
       for (std::size_t w = 0; w < std::size(words); ++w)
-        words[w] = std::atomic_ref<std::uint64_t>(src[w]).load(std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_acquire);
+        words[w] = std::atomic_ref<std::uint64_t>(src[w]).load(std::memory_order_acquire);
       if (seq.load(std::memory_order_relaxed) == before) {
         std::memcpy(&out, words, sizeof out);
         return true;
