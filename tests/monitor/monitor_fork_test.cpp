@@ -54,10 +54,11 @@ TEST(MonitorFork, AChildNeitherWritesNorRemovesItsParentsPage) {
     std::exit(0);
   });
   EXPECT_EQ(status, 0);
+  close(fds[1]);  // a child that failed before writing: read() returns 0, not blocks
   pid_t child = 0;
-  ASSERT_EQ(read(fds[0], &child, sizeof child), ssize_t(sizeof child));
+  const ssize_t got = read(fds[0], &child, sizeof child);
   close(fds[0]);
-  close(fds[1]);
+  ASSERT_EQ(got, ssize_t(sizeof child));
   EXPECT_FALSE(page_exists(MonitorPublisher::page_name(geteuid(), child, 911)));
   ASSERT_TRUE(page_exists(name));
   const std::optional<MonitorPage> page = read_page(name);
