@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole CPU test suite: installs dependencies, builds, runs every test (GoogleTest via CTest
 # and pytest), then builds the policy core, the replayer and the tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer and runs them there too, and the core's thread
-# tests under ThreadSanitizer; then installs the PyTorch drop-in into fresh virtual environments
+# AddressSanitizer + UndefinedBehaviorSanitizer and runs them there too, and the core's and the
+# monitor publisher's thread tests under ThreadSanitizer; then installs the PyTorch drop-in into fresh virtual environments
 # with the oldest and the newest supported torch and runs the package's CPU tests there
 # (tools/torch-matrix.sh 2.8 2.15; about 11 GB of disk, CUARENA_NO_TORCH=1 skips it). Fails,
 # naming them, when tracked C++/CUDA files are not formatted as .clang-format says.

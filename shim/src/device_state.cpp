@@ -39,7 +39,37 @@ DeviceState::DeviceState(CUcontext context, int device, const ShimConfig& config
       pending_limit_(config.pending_free_bytes),
       trace_(trace),
       backend_(device, config.memory_limit, context),
-      alloc_(backend_, config.core) {}
+      alloc_(backend_, config.core) {
+  if (monitor::monitor_enabled()) start_monitor();
+}
+
+void DeviceState::start_monitor() {
+  const RealDriver& d = RealDriver::get();
+  monitor::MonitorPublisher::Options o;
+  o.kind = monitor::PageKind::kShim;
+  o.device = device_;
+  CUuuid uuid{};
+  if (d.device_get_uuid != nullptr && d.device_get_uuid(&uuid, CUdevice(device_)) == CUDA_SUCCESS)
+    o.device_uuid = monitor::format_gpu_uuid(uuid.bytes);
+  // On the publisher's thread, through the real driver (never the hooks, which would count it),
+  // in relaxed capture mode: the thread captures nothing, and its call must never invalidate a
+  // global-mode capture on another thread.
+  o.device_memory = [context = context_](const Stats&) {
+    const RealDriver& real = RealDriver::get();
+    static thread_local const bool relaxed = [&real] {
+      CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+      return real.thread_exchange_capture_mode != nullptr &&
+             real.thread_exchange_capture_mode(&mode) == CUDA_SUCCESS;
+    }();
+    std::size_t free = 0, total = 0;
+    ContextScope scope(context);
+    if (!relaxed || real.mem_get_info(&free, &total) != CUDA_SUCCESS)
+      return monitor::DeviceMemory{};
+    return monitor::DeviceMemory{std::int64_t(free), std::int64_t(total)};
+  };
+  o.log = [](const std::string& line) { Shim::get().log("%s", line.c_str()); };
+  monitor_ = std::make_unique<monitor::MonitorPublisher>(alloc_, std::move(o));
+}
 
 void* DeviceState::allocate(std::size_t bytes, StreamId stream) {
   settle_frees();

@@ -31,6 +31,7 @@
 
 #include "cuarena/allocator.hpp"
 #include "cuarena/cuda_vmm_backend.hpp"
+#include "cuarena/monitor_publisher.hpp"
 #include "fence_queue.hpp"
 #include "shim_config.hpp"
 #include "stream_registry.hpp"
@@ -108,6 +109,7 @@ class DeviceState {
   FenceCounters fence_counters() const;
 
  private:
+  void start_monitor();
   void settle_frees();
   bool close_batch();  // requires mu_
   // requires mu_: wait_oldest(freed, legacy_orders), counted
@@ -132,6 +134,9 @@ class DeviceState {
   std::atomic<bool> has_records_{false};  // ids_ or exports_ non-empty
   std::uint64_t next_id_ = 1;
   FenceCounters counters_;  // guarded by mu_
+  // The page `cuarena top` reads (null with CUARENA_MONITOR=0). Last: it stops reading alloc_
+  // before alloc_ goes.
+  std::unique_ptr<monitor::MonitorPublisher> monitor_;
 };
 
 }  // namespace cuarena::shim

@@ -9,6 +9,8 @@
 //   CUARENA_SUMMARY   1: one line at exit (peaks, ratio, calls served and passed through)
 //   CUARENA_TRACE     path: the allocations recorded as a .cuat trace at exit (cuarena replay)
 //   CUARENA_KEEP_TORCH_CACHE  1: leave PYTORCH_NO_CUDA_MEMORY_CACHING alone
+//   CUARENA_MONITOR   0: no monitor page for `cuarena top` (read by DeviceState, through
+//                     monitor::monitor_enabled())
 #pragma once
 
 #include <cstddef>

@@ -40,10 +40,33 @@ bool capturing(cudaStream_t stream) {
 
 std::string bytes_text(std::size_t bytes) { return format_bytes(bytes); }
 
-/// Cached memory a request can be backed by: cached free blocks (moved by remapping) and idle
-/// physical granules. Pending frees and parked blocks count as in use until they return.
-std::size_t reusable(const cuarena::Allocator::MemoryBreakdown& b) {
-  return b.owned_cached + b.shared_cached + b.idle;
+/// The device's monitor page: its UUID, and free memory as the driver reports it. The callable
+/// runs on the publisher's thread, which captures nothing: relaxed capture mode, so that its
+/// cudaMemGetInfo never invalidates a global-mode capture on another thread.
+std::unique_ptr<monitor::MonitorPublisher> start_monitor(c10::DeviceIndex index,
+                                                         const cuarena::Allocator& main) {
+  monitor::MonitorPublisher::Options o;
+  o.kind = monitor::PageKind::kTorch;
+  o.device = index;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) == cudaSuccess)
+    o.device_uuid = monitor::format_gpu_uuid(prop.uuid.bytes);
+  else
+    (void)cudaGetLastError();  // no UUID then; not the program's error
+  o.device_memory = [index](const Stats&) {
+    static thread_local const bool relaxed = [] {
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      return cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    }();
+    std::size_t free = 0, total = 0;
+    if (!relaxed || cudaSetDevice(index) != cudaSuccess ||
+        cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return monitor::DeviceMemory{};
+    }
+    return monitor::DeviceMemory{std::int64_t(free), std::int64_t(total)};
+  };
+  return std::make_unique<monitor::MonitorPublisher>(main, std::move(o));
 }
 }  // namespace
 
@@ -85,6 +108,7 @@ TorchAllocator::Device& TorchAllocator::device(c10::DeviceIndex index) {
   main->set_reservation_observer([this, index](const cuarena::Allocator::ReservationChange& c) {
     history_.record_reservation(index, std::size_t(c.address), c.bytes);
   });
+  if (monitor::monitor_enabled()) owned->monitor = start_monitor(index, *owned->main);
   d = owned.get();
   owned_devices_.push_back(std::move(owned));
   devices_[std::size_t(index)].store(d, std::memory_order_release);
@@ -216,7 +240,7 @@ void TorchAllocator::flush_deferred(Device& d) {
 
 bool TorchAllocator::can_back(Device& d, std::size_t bytes) {
   // The cache alone is within every bound memory_available() takes: no driver call then.
-  if (bytes <= reusable(d.main->memory_breakdown())) return true;
+  if (std::int64_t(bytes) <= monitor::reusable_bytes(d.main->memory_breakdown())) return true;
   return bytes <= memory_available(d.index);
 }
 
@@ -568,12 +592,10 @@ std::size_t TorchAllocator::memory_available(c10::DeviceIndex dev) {
   c10::cuda::CUDAGuard guard(dev);
   std::size_t device_free = 0, total = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&device_free, &total));
-  const std::size_t cached = reusable(d.main->memory_breakdown());
-  const Stats s = d.main->stats();
-  const auto reserved = std::size_t(s.reserved_bytes[0].current);
-  const std::size_t limit = d.main->memory_limit();
-  const std::size_t under_limit = limit > reserved ? limit - reserved + cached : cached;
-  return std::min(device_free + cached, under_limit);
+  // One rule with the monitor page's available_bytes.
+  return std::size_t(monitor::available_bytes(std::int64_t(device_free), d.main->memory_breakdown(),
+                                              d.main->stats().reserved_bytes[0].current,
+                                              std::int64_t(d.main->memory_limit())));
 }
 
 }  // namespace cuarena::torch_adapter

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuarena/cuda_allocators.hpp"
+#include "cuarena/monitor_publisher.hpp"
 #include "cuarena/torch_allocator.hpp"
 #include "history.hpp"
 #include "private_pools.hpp"
@@ -121,6 +122,9 @@ class TorchAllocator final : public VersionedAllocator {
     bool reject_unbackable = false;
     std::atomic<int64_t> oom_rejections{0};  // requests refused by throw_on_cudamalloc_oom
     int64_t rejections_base = 0;             // oom_rejections at the last resetAccumulatedStats
+    // The page `cuarena top` reads (null with CUARENA_MONITOR=0). Last: it stops reading `main`
+    // before anything else of the device goes (Devices go before allocators_).
+    std::unique_ptr<monitor::MonitorPublisher> monitor;
   };
   Device& device(c10::DeviceIndex index);  // created on first use
   Device* existing(c10::DeviceIndex index) const;

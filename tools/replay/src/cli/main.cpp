@@ -139,6 +139,13 @@ int main(int argc, char** argv) {
                    "marked (needs matplotlib): PATH.png, or PATH.html with the table beside it")
       ->check(kNotEmpty);
 
+  replay->add_flag("--publish", ra.publish,
+                   "Show the cuarena sim row to `cuarena top` while it replays: a monitor page "
+                   "for the trace's device, its total the simulated capacity");
+  replay->add_option("--pace", ra.pace_us,
+                     "Sleep this many microseconds before each event of the cuarena sim row, so "
+                     "that a replay can be watched (with --publish)");
+
   std::string conv_in, conv_out;
   CLI::App* convert = app.add_subcommand("convert", "Convert a trace to the compact .cuat format");
   convert->add_option("input", conv_in, "Trace file")->required()->check(kNotEmpty);

@@ -70,6 +70,8 @@ SimOptions sim_options(const ReplayArgs& a) {
   }
   sim.torch_conf = a.torch_conf;
   sim.series = a.series || !a.report.empty();
+  if (a.publish) sim.on_replay_start = publish_replay;
+  sim.pace_us = a.pace_us;
   return sim;
 }
 
@@ -92,6 +94,10 @@ int run_replay(ReplayArgs a) {
     if (!why.empty()) throw ConfigError("--backend cuda: " + why);
     a.allocators = available_on_gpu(a.allocators, explicit_allocators, std::cerr);
   }
+  if ((a.publish || a.pace_us != 0) && !(on_sim && has(a.allocators, "cuarena")))
+    throw ConfigError(
+        "--publish and --pace act on the cuarena sim row: replay it (--backend sim, "
+        "--allocator cuarena)");
   if (a.series && a.json.empty())
     throw ConfigError("--series adds the time series to the JSON: give --json FILE too");
   // Fail now, not after a long replay, if the outputs cannot be written (and the report drawn).

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <iterator>
 #include <set>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -343,8 +344,13 @@ Result::FirstOom describe_oom(const Allocator& alloc, const SimBackend& sim, std
 // reusable. Every other block is freed at its free_completed.
 SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std::size_t stop,
                SeriesRecorder* series = nullptr, bool observe = false) {
-  SimBackend sim(sim_backend_options(options));
+  const SimBackend::Options sim_options = sim_backend_options(options);
+  SimBackend sim(sim_options);
   Allocator alloc(sim, options.config);
+  std::shared_ptr<void> published;  // after alloc: goes first
+  if (observe && options.on_replay_start)
+    published = options.on_replay_start(alloc, sim_options.capacity,
+                                        events.empty() ? 0 : int(events.front().device));
   std::unordered_set<std::uint64_t> streams;  // the trace's, which a held stream must not be
   for (const Event& e : events) streams.insert(e.stream);
   SimRun run;
@@ -363,6 +369,8 @@ SimRun run_sim(const std::vector<Event>& events, const SimOptions& options, std:
     std::uint64_t next_held = ~std::uint64_t{0};  // synthetic streams, downwards
 
     void on_event(std::size_t, const Event& e) {
+      if (observe && options.pace_us)
+        std::this_thread::sleep_for(std::chrono::microseconds(options.pace_us));
       sim.advance(1);
       sim.queue_work(e.stream);
     }

@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "cuarena/allocator.hpp"
 #include "cuarena/config.hpp"
 #include "cuarena/replay/trace.hpp"
 #include "cuarena/sim_backend.hpp"
@@ -133,7 +135,21 @@ struct SimOptions {
   /// probes) with the event's index and cuarena's pointer (nullptr when it failed): lets tests
   /// see which memory each allocation got.
   std::function<void(std::size_t event, const void* ptr)> on_allocate{};
+  /// Called once as the row's replay starts (not its re-run to the peak, nor capacity probes)
+  /// with its allocator, the simulated capacity in bytes and the trace's device: what it
+  /// returns is held until that replay ends, before the allocator goes (--publish).
+  std::function<std::shared_ptr<void>(const Allocator&, std::uint64_t capacity, int device)>
+      on_replay_start{};
+  /// Host microseconds to sleep before each event of the row's replay (--pace): a replay slow
+  /// enough to watch.
+  std::uint64_t pace_us = 0;
 };
+
+/// --publish: a monitor page (PageKind::kReplayer) for `allocator` while the replay runs, its
+/// device total the simulated capacity (rows/publish.cpp). Says on stderr, once, when no page
+/// can be made; the replay goes on.
+std::shared_ptr<void> publish_replay(const Allocator& allocator, std::uint64_t capacity,
+                                     int device);
 
 /// Parses a config string of the core's keys and the simulator's (`sim_*`) into `options`
 /// (config and device), from their defaults. Throws ConfigError as parse_config() and

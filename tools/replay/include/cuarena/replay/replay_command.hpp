@@ -21,8 +21,10 @@ struct ReplayArgs {
   std::optional<std::string> config;  ///< nullopt: $CUARENA_CONF; "" (given empty): the defaults
   std::string torch_conf;
   std::string json;
-  bool series = false;  ///< --json gains each row's series
-  std::string report;   ///< --report PATH.html|PATH.png
+  bool series = false;        ///< --json gains each row's series
+  std::string report;         ///< --report PATH.html|PATH.png
+  bool publish = false;       ///< the cuarena sim row on a monitor page (cuarena top) as it replays
+  std::uint64_t pace_us = 0;  ///< sleep per event of the cuarena sim row's replay
 };
 
 /// Replays every trace through every allocator asked for (allocator_registry.hpp), prints the

@@ -1,0 +1,98 @@
+// The page's sequence lock, and what the integrations put into a page (available bytes, the
+// device UUID's text, the CUARENA_MONITOR switch).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <thread>
+
+#include "cuarena/monitor_publisher.hpp"
+#include "cuarena/monitor_reader.hpp"
+#include "seqlock.hpp"
+
+namespace cuarena::monitor {
+namespace {
+
+TEST(MonitorSeqlock, ACopyNeverMixesTwoWrites) {
+  // Every write sets all the figures to one value: a consistent copy holds one value only.
+  MonitorPage page{};
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (std::int64_t v = 1; v <= 20000; ++v) {
+      detail::begin_write(page);
+      for (std::int64_t* f = &page.reserved_bytes; f <= &page.spare[74]; ++f) detail::put(*f, v);
+      detail::end_write(page);
+    }
+    done = true;
+  });
+  int copies = 0;
+  while (!done) {
+    MonitorPage copy;
+    if (!copy_page(page, copy)) continue;
+    ++copies;
+    EXPECT_EQ(copy.seq % 2, 0u);
+    for (const std::int64_t* f = &copy.reserved_bytes; f <= &copy.spare[74]; ++f)
+      ASSERT_EQ(*f, copy.reserved_bytes) << "torn copy at seq " << copy.seq;
+  }
+  writer.join();
+  EXPECT_GT(copies, 0);
+  MonitorPage last;
+  ASSERT_TRUE(copy_page(page, last));
+  EXPECT_EQ(last.reserved_bytes, 20000);
+  EXPECT_EQ(last.seq, 40000u);  // two steps per write
+}
+
+TEST(MonitorSeqlock, APageBeingWrittenIsNotCopied) {
+  MonitorPage page{};
+  detail::begin_write(page);
+  MonitorPage copy;
+  EXPECT_FALSE(copy_page(page, copy, 10));
+  detail::end_write(page);
+  EXPECT_TRUE(copy_page(page, copy, 10));
+}
+
+TEST(MonitorInputs, AvailableBytesAsMemoryAvailableCountsThem) {
+  Allocator::MemoryBreakdown b;
+  b.owned_cached = 10;
+  b.shared_cached = 20;
+  b.idle = 30;
+  b.slab_free = 1000;      // not reusable by a large request
+  b.stream_cached = 2000;  // in use until it returns
+  EXPECT_EQ(reusable_bytes(b), 60);
+  // Device-bound: free + cached.
+  EXPECT_EQ(available_bytes(100, b, 500, 10'000), 160);
+  // Limit-bound: limit - reserved + cached.
+  EXPECT_EQ(available_bytes(100'000, b, 500, 1'000), 560);
+  // Reserved above the limit (fraction lowered): only the cache.
+  EXPECT_EQ(available_bytes(100'000, b, 2'000, 1'000), 60);
+  EXPECT_EQ(available_bytes(-1, b, 0, 1'000), -1);
+}
+
+TEST(MonitorInputs, GpuUuidAsNvmlWritesIt) {
+  const char bytes[16] = {char(0x8f), 0x1b,       0x2c,       0x3d,       0x4e,       0x5f,
+                          0x60,       0x71,       char(0x82), char(0x93), char(0xa4), char(0xb5),
+                          char(0xc6), char(0xd7), char(0xe8), char(0xff)};
+  EXPECT_EQ(format_gpu_uuid(bytes), "GPU-8f1b2c3d-4e5f-6071-8293-a4b5c6d7e8ff");
+}
+
+TEST(MonitorInputs, CuarenaMonitorZeroTurnsItOff) {
+  const char* saved = std::getenv("CUARENA_MONITOR");
+  const std::string keep = saved ? saved : "";
+  unsetenv("CUARENA_MONITOR");
+  EXPECT_TRUE(monitor_enabled());
+  for (const char* off : {"0", "false", "OFF"}) {
+    setenv("CUARENA_MONITOR", off, 1);
+    EXPECT_FALSE(monitor_enabled()) << off;
+  }
+  for (const char* on : {"1", "", "yes"}) {
+    setenv("CUARENA_MONITOR", on, 1);
+    EXPECT_TRUE(monitor_enabled()) << on;
+  }
+  if (saved)
+    setenv("CUARENA_MONITOR", keep.c_str(), 1);
+  else
+    unsetenv("CUARENA_MONITOR");
+}
+
+}  // namespace
+}  // namespace cuarena::monitor
