@@ -720,3 +720,48 @@ def test_pyproject_has_the_top_extra():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert [re.split(r"[<>=]", r)[0] for r in extras["top"]] == ["textual", "nvidia-ml-py"]
+
+
+def cuarena_cli():
+    path = Path(os.environ.get("CUARENA_CLI") or REPO / "build" / "bin" / "cuarena")
+    if not path.exists():
+        pytest.fail(f"cuarena binary not found at {path}: build first (see README)")
+    return path
+
+
+def test_top_reads_the_page_a_real_replay_publishes(tmp_path):
+    # The C++ publisher (MonitorPublisher, through `cuarena replay --publish`) and this reader
+    # agree on the page: the row is there, of the replaying process, with its simulated device.
+    env = clean_env()
+    env.pop("CUARENA_MONITOR_DIR", None)  # the publisher writes /dev/shm
+    replay = subprocess.Popen(
+        [str(cuarena_cli()), "replay", str(REPO / "tests/data/traces/resnet50_amp.pickle.gz"),
+         "--allocator", "cuarena", "--publish", "--pace", "2000", "--capacity", "16GiB"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        row, deadline = None, time.time() + 60
+        while row is None and time.time() < deadline and replay.poll() is None:
+            out = subprocess.run([sys.executable, "-m", "cuarena", "top", "--once", "--json",
+                                  "--interval", "0.3"], capture_output=True, text=True,
+                                 env=env, timeout=60)
+            assert out.returncode == 0, out.stderr
+            rows = [p for p in json.loads(out.stdout)["processes"] if p["pid"] == replay.pid]
+            if rows and rows[0]["reserved_bytes"] > 0:
+                row = rows[0]
+            else:
+                time.sleep(0.3)
+        assert row is not None, (replay.poll(), replay.stderr.read() if replay.poll() else "")
+        assert row["kind_name"] == "replayer" and row["simulated"], row
+        assert row["device_total_bytes"] == 16 << 30, row
+        assert 0 < row["allocated_bytes"] <= row["reserved_bytes"] <= 16 << 30, row
+        assert row["requested_bytes"] <= row["allocated_bytes"], row
+        assert "resnet50_amp" in row["command"], row
+    finally:
+        replay.kill()
+        replay.wait(timeout=30)
+    # Killed, its page stays; the reader drops it as the page of a dead process.
+    out = subprocess.run([sys.executable, "-m", "cuarena", "top", "--once", "--json",
+                          "--interval", "0.1"], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert not [p for p in json.loads(out.stdout)["processes"] if p["pid"] == replay.pid]
+    assert not list(Path("/dev/shm").glob(f"cuarena.*.{replay.pid}.*"))
