@@ -193,3 +193,44 @@ def test_torch_mem_get_info_counts_cache_as_free(tmp_path):
     assert d["free2"] >= d["free0"] - slack, (
         f"after the free, mem_get_info() reports {(d['free0'] - d['free2']) / MiB:.0f} MiB less "
         f"free than before: cuarena's cached memory is not counted as free ({d})")
+
+
+SHIM_MONITOR_JOB = '''
+import json, os, subprocess, sys, time
+import torch
+x = torch.empty(300 << 20, dtype=torch.uint8, device="cuda")
+y = torch.empty(40 << 20, dtype=torch.uint8, device="cuda")
+del y
+torch.cuda.synchronize()
+time.sleep(1.0)  # a refresh of the page
+env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+top = subprocess.run([sys.executable, "-m", "cuarena", "top", "--once", "--json",
+                      "--interval", "0.3"], capture_output=True, text=True, env=env)
+screen = subprocess.run([sys.executable, "-m", "cuarena", "top", "--once", "--interval", "0.3"],
+                        capture_output=True, text=True, env=env)
+json.dump({"pid": os.getpid(), "rc": top.returncode, "top": top.stdout, "err": top.stderr,
+           "screen": screen.stdout}, open(sys.argv[sys.argv.index("--out") + 1], "w"))
+'''
+
+
+def test_cuarena_top_sees_the_shim(tmp_path):
+    """A PyTorch job under the shim publishes its monitor page: `cuarena top --once --json`,
+    run from inside the job, lists it as a shim process holding at least its live tensor, on
+    the GPU NVML names by the same UUID."""
+    _need("torch")
+    script = tmp_path / "shim_monitor_job.py"
+    script.write_text(SHIM_MONITOR_JOB)
+    package = str(REPO_ROOT / "allocator" / "torch" / "python")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")]))}
+    res = run(tmp_path, "shim-monitor", [str(script)], shim=True, env=env)
+    d = res["data"]
+    assert d["rc"] == 0, d["err"]
+    rows = [p for p in json.loads(d["top"])["processes"] if p["pid"] == d["pid"]]
+    assert rows, d["top"][-3000:]
+    row = rows[0]
+    assert row["kind_name"] == "shim", row
+    assert row["allocated_bytes"] >= 300 << 20, row
+    assert row["reserved_bytes"] >= row["allocated_bytes"], row
+    assert row["device_uuid"].startswith("GPU-"), row
+    if os.environ.get("CUARENA_MONITOR_SCREEN"):
+        Path(os.environ["CUARENA_MONITOR_SCREEN"] + ".shim").write_text(d["screen"])
