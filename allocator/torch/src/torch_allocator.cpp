@@ -281,7 +281,7 @@ bool TorchAllocator::can_back(Device& d, std::size_t bytes) {
   for (const auto& o : observers) o(d.index, allocated, device_total, device_free);
   // What a user needs to decide: what this process holds and could reuse, what the device and
   // the other processes have, the largest block that could be built, and how to find a fit.
-  const std::size_t reclaimable = reusable(d.main->memory_breakdown());
+  const std::size_t reclaimable = std::size_t(monitor::reusable_bytes(d.main->memory_breakdown()));
   const std::size_t limit = d.main->memory_limit();
   const std::size_t others = device_total > device_free + reserved
                                  ? device_total - device_free - reserved  // contexts included
