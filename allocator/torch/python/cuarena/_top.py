@@ -75,8 +75,6 @@ def _print_table(sample: Sample) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from ._top_app import cells
-
     # Piped, rich would squeeze the table into 80 columns: give it room (or $COLUMNS).
     console = Console(width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 200)))
     if not sample.devices:
@@ -92,7 +90,10 @@ def _print_table(sample: Sample) -> None:
                              justify="right" if c.numeric else "left", width=c.width,
                              no_wrap=True, overflow="ellipsis")
         for p in fmt.sorted_rows(processes, fmt.DEFAULT_SORT):
-            table.add_row(*cells(p)[:-1])  # two samples make no history: no sparkline
+            # Two samples make no history: no sparkline. Rich alone (no textual needed).
+            style = "dim" if p.stale else ""
+            table.add_row(*(Text(c.text(p), style=style,
+                                 justify="right" if c.numeric else "left") for c in fmt.COLUMNS))
         console.print(table)
     for note in sample.notes:
         console.print(Text(note, style="dim"))
@@ -109,7 +110,7 @@ def main(argv: list[str]) -> int:
     except _UsageError as e:
         print(f"cuarena: error: top: {e}; see python -m cuarena top --help", file=sys.stderr)
         return 2
-    if not args.json and not _have_textual():
+    if not args.once and not _have_textual():
         print(TEXTUAL_MISSING, file=sys.stderr)
         return 2
     if args.once:
