@@ -6,7 +6,6 @@
 // deterministic and bounded for CI (about two seconds here).
 #include <gtest/gtest.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <chrono>
 #include <cstdio>
@@ -21,9 +20,11 @@
 #include "cuarena/config.hpp"
 #include "cuarena/errors.hpp"
 #include "cuarena/replay/trace.hpp"
+#include "gzip_member.hpp"
 
 using namespace cuarena;
 using namespace cuarena::replay;
+using cuarena::test::gzip;
 
 namespace {
 
@@ -46,21 +47,6 @@ Bytes read_file(const std::string& path) {
 void write_file(const std::string& path, const Bytes& data) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(data.data(), std::streamsize(data.size()));
-}
-
-Bytes gzip(const Bytes& data) {
-  uLongf size = compressBound(uLong(data.size())) + 32;
-  Bytes out(size, '\0');
-  z_stream z{};
-  deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);  // +16: a gzip wrapper
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
-  z.avail_in = uInt(data.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = uInt(out.size());
-  deflate(&z, Z_FINISH);
-  out.resize(z.total_out);
-  deflateEnd(&z);
-  return out;
 }
 
 // A temporary file name for this process, removed at the end.
