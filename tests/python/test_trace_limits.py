@@ -7,9 +7,11 @@ import gzip
 import json
 import os
 import pickle
+import random
 import re
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -309,3 +311,43 @@ def test_format_md_states_the_limits_the_readers_apply():
                    f"indices 0 to {ct.MAX_DEVICES - 1}", f"{ct.MAX_INPUT_BYTES >> 30} GiB"):
         assert figure in readme, figure
 
+
+# --- fuzzing the converter with the findings as seeds ----------------------------------------
+
+def test_mutated_findings_are_read_or_refused_with_a_trace_error():
+    """Seeded mutations of the findings (small versions) and of good inputs, read in process:
+    each is read within the limits or refused with a TraceError, nothing else. Bounded for CI:
+    a fixed number of inputs and a wall-clock cap."""
+    good = pickle.dumps({"device_traces": [pairs(20), pairs(3, stream=lambda i: i)]})
+    seeds = [good, gz(good), IMAGE, gz(IMAGE), gz(IMAGE)[:-8], gz(IMAGE) + b"junk",
+             gz(IMAGE[:500]) + gz(IMAGE[500:]) + bytes(4), good + b"junk",
+             pickle.dumps({"device_traces": [pairs(20)] * 300}),
+             pickle.dumps({"device_traces": [[ev("alloc", 16)] * 100_000]}),
+             b"Action,Pointer,Size,Stream\n" + b"allocate,16,8,0\nfree,16,8,0\n" * 10]
+    rng = random.Random(20261204)
+    start, done, read = time.monotonic(), 0, 0
+    while done < 1500 and time.monotonic() - start < 20:
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 3)):
+            op = rng.randrange(5)
+            if op == 0 and data:  # flip bits
+                for _ in range(rng.randint(1, 6)):
+                    data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            elif op == 1:  # truncate
+                del data[rng.randrange(len(data) + 1):]
+            elif op == 2:  # append
+                data += bytes(rng.randrange(256) for _ in range(rng.randrange(32)))
+            elif op == 3 and data:  # an interesting byte
+                data[rng.randrange(len(data))] = rng.choice([0, 1, 0x7f, 0x80, 0xff])
+            elif op == 4:
+                data = bytearray(gz(bytes(data), level=1))
+        try:
+            _, events = ct.parse_bytes(bytes(data))
+            read += 1
+            assert len(events) <= ct.MAX_EVENTS
+            assert all(e.device < ct.MAX_DEVICES for e in events)
+        except ct.TraceError as e:
+            assert "\n" not in str(e)
+        done += 1
+    assert done >= 150, "the time cap cut the run short"
+    assert 0 < read < done
