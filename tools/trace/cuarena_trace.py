@@ -20,7 +20,8 @@ Command line::
     cuarena_trace.py info [--json] INPUT    # event counts, devices, streams, peaks
 
 Any problem with the input is reported as one line, ``cuarena-trace: <path>: <problem>``, on
-stderr, with exit status 2.
+stderr, with exit status 2; so is an input past FORMAT.md's limits (events, devices, streams,
+decompressed bytes), checked before the memory it would take is committed.
 
 Library use: :func:`load_events` (or :func:`load_trace`, which also names the input format),
 :func:`write_cuat`, :func:`read_cuat` and :func:`summarize`. Only the standard library is used.
@@ -68,10 +69,21 @@ ACTION_NAMES = {code: name for name, code in ACTIONS.items()} | {OTHER: "other"}
 ALLOC, FREE_REQUESTED, FREE_COMPLETED = 0, 1, 2
 SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, OOM = 3, 4, 5, 6, 7
 
-U16_MAX = (1 << 16) - 1
 U64_MAX = (1 << 64) - 1
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_DEVICE_BYTES = 16 << 40  # kMaxDeviceBytes (config.hpp): no event but an oom asks for more
+# The readers' limits (FORMAT.md, "Limits"; format.hpp's kMax*), checked before what they allow
+# is held, so a small file cannot make a reader hold or replay more than a real trace would.
+MAX_EVENTS = 1 << 26  # records in one trace: 2.5 GiB of them
+MAX_DEVICES = 128  # device indices 0-127: PyTorch's device index is an int8 (at most 120 GPUs)
+MAX_STREAMS_PER_DEVICE = 1 << 17
+MAX_CUAT_BYTES = HEADER.size + MAX_EVENTS * RECORD.size  # a .cuat once decompressed
+MAX_INPUT_BYTES = 16 << 30  # a snapshot or CSV once decompressed
+# A distinct event dict takes at least 13 bytes of pickle (MARK, three keys and values, DICT), so
+# a snapshot with more events than one per 12 bytes repeats objects through pickle's memo; past a
+# few (hand-made snapshots share lists) that is refused: the work would not follow the file.
+PICKLE_BYTES_PER_EVENT = 12
+SHARED_EVENTS_ALLOWED = 1 << 16
 FIELD_SHOWN = 200  # characters of an input field an error message quotes
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -121,36 +133,84 @@ def parse_bytes(data: bytes) -> tuple[str, list[Event]]:
 
 
 def parse_stream(f: BinaryIO) -> tuple[str, list[Event]]:
-    """Sniff a binary stream (possibly gzip-compressed) and parse it as it is read."""
-    stream = io.BufferedReader(_Checked(f), 1 << 20)
+    """Sniff a binary stream (possibly gzip-compressed) and parse it as it is read.
+
+    Gzip data is read as Python's gzip module reads it: members may follow one another and NUL
+    bytes may pad the end; anything else after a member, a member cut short (its CRC-32 and
+    length trailer included) or a wrong trailer is refused, and so is anything after the trace.
+    """
+    content = _Checked(f, MAX_INPUT_BYTES)
+    stream = io.BufferedReader(content, 1 << 20)
     if _head(stream, 2) == GZIP_MAGIC:
-        stream = io.BufferedReader(_Checked(gzip.GzipFile(fileobj=stream, mode="rb")), 1 << 20)
+        content = _Checked(gzip.GzipFile(fileobj=stream, mode="rb"), MAX_INPUT_BYTES)
+        stream = io.BufferedReader(content, 1 << 20)
     head = _head(stream, len(MAGIC))
     if head == MAGIC:
-        return "cuarena-trace", read_cuat(stream.read())
+        return "cuarena-trace", _read_cuat_stream(stream)
     if head[:1] == PICKLE_PROTO:
-        return "pytorch-snapshot", snapshot_events(_unpickle(stream))
+        snapshot = _unpickle(stream)
+        if stream.read(1):  # reading to the end checks the gzip trailer too
+            raise TraceError("trailing bytes after the pickle")
+        return "pytorch-snapshot", snapshot_events(snapshot, pickle_bytes=content.count)
     if _looks_like_rmm_csv(stream.peek(1 << 16)):
         return "rmm-csv", _rmm_csv_stream(stream)
     raise TraceError("empty file: " + UNKNOWN_INPUT if not head else UNKNOWN_INPUT)
 
 
 class _Checked(io.RawIOBase):
-    """A stream whose gzip errors, raised while it is read, are TraceErrors."""
+    """A stream whose gzip errors, raised while it is read, are TraceErrors, and that counts
+    what it gives, refusing more than ``limit`` bytes."""
 
-    def __init__(self, inner: BinaryIO):
+    def __init__(self, inner: BinaryIO, limit: int):
         self.inner = inner
+        self.limit = limit
+        self.count = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
         try:
-            return self.inner.readinto(buffer)
+            n = self.inner.readinto(buffer)
         except EOFError:
-            raise TraceError("truncated gzip data (the compressed stream ends early)") from None
-        except (gzip.BadGzipFile, zlib.error) as e:
+            raise TraceError("truncated gzip data (the file ends inside a gzip member, before "
+                             "its CRC-32 and length trailer)") from None
+        except gzip.BadGzipFile as e:
+            if str(e).startswith("Not a gzipped file"):  # where another member would start
+                raise TraceError("trailing bytes after the gzip data (not another gzip member)"
+                                 ) from None
             raise TraceError(f"corrupt gzip data: {_clip(str(e))}") from None
+        except zlib.error as e:
+            raise TraceError(f"corrupt gzip data: {_clip(str(e))}") from None
+        self.count += n or 0
+        if self.count > self.limit:
+            raise TraceError(f"more than {self.limit} bytes ({_size_text(self.limit)}) of data "
+                             "once decompressed: more than a trace may hold")
+        return n
+
+
+def _size_text(size: int) -> str:
+    return f"{size / (1 << 30):.2f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):.2f} MiB"
+
+
+class _Limits:
+    """The per-device limits, counted as events arrive (devices in order)."""
+
+    def __init__(self) -> None:
+        self.device = -1
+        self.streams: set[int] = set()
+
+    def add(self, device: int, stream: int) -> str | None:
+        """Counts an event; returns the limit it passes, if any (the caller says where)."""
+        if device >= MAX_DEVICES:
+            return f"device {device} (devices are 0 to {MAX_DEVICES - 1})"
+        if device != self.device:
+            self.device, self.streams = device, set()
+        if stream not in self.streams:
+            if len(self.streams) == MAX_STREAMS_PER_DEVICE:
+                return f"more than {MAX_STREAMS_PER_DEVICE} streams on device {device}"
+            self.streams.add(stream)
+        return None
 
 
 def _head(stream: io.BufferedReader, n: int) -> bytes:
@@ -191,8 +251,12 @@ def _unpickle(stream: BinaryIO) -> object:
         raise TraceError(f"corrupt pickle data ({type(e).__name__}: {_clip(str(e))})") from None
 
 
-def snapshot_events(snapshot: object) -> list[Event]:
-    """Turn an unpickled PyTorch memory snapshot into events (device 0 first)."""
+def snapshot_events(snapshot: object, pickle_bytes: int | None = None) -> list[Event]:
+    """Turn an unpickled PyTorch memory snapshot into events (device 0 first).
+
+    ``pickle_bytes``, the size of the (decompressed) pickle it came from, bounds the events
+    it may hold: PICKLE_BYTES_PER_EVENT each, past SHARED_EVENTS_ALLOWED.
+    """
     if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
         kind = type(snapshot).__name__
         raise TraceError(
@@ -201,18 +265,35 @@ def snapshot_events(snapshot: object) -> list[Event]:
     traces = snapshot["device_traces"]
     if not isinstance(traces, list):
         raise TraceError(f"'device_traces' is a {type(traces).__name__}, expected a list")
-    if len(traces) > U16_MAX + 1:
-        raise TraceError(f"{len(traces)} devices; the format holds at most {U16_MAX + 1}")
-    if all(isinstance(trace, list) and not trace for trace in traces):  # taken without history
-        raise TraceError(_no_history(snapshot.get("segments")))
-    events: list[Event] = []
+    if len(traces) > MAX_DEVICES:
+        raise TraceError(f"{len(traces)} devices; a trace holds at most {MAX_DEVICES}")
     for device, trace in enumerate(traces):
         if not isinstance(trace, list):
             raise TraceError(
                 f"device_traces[{device}] is a {type(trace).__name__}, expected a list"
             )
+    # What the lists promise, checked before any event is converted.
+    total = sum(len(trace) for trace in traces)
+    if total == 0:  # taken without history
+        raise TraceError(_no_history(snapshot.get("segments")))
+    if total > MAX_EVENTS:
+        raise TraceError(f"{total} events; a trace holds at most {MAX_EVENTS}")
+    if pickle_bytes is not None and total > (SHARED_EVENTS_ALLOWED
+                                             + pickle_bytes // PICKLE_BYTES_PER_EVENT):
+        raise TraceError(
+            f"{total} events from a {pickle_bytes}-byte pickle: more than one per "
+            f"{PICKLE_BYTES_PER_EVENT} bytes, so it repeats event lists or events through "
+            "pickle memo references (a snapshot holds each event once)"
+        )
+    events: list[Event] = []
+    limits = _Limits()
+    for device, trace in enumerate(traces):
         for index, raw in enumerate(trace):
-            events.append(_snapshot_event(device, raw, f"device_traces[{device}][{index}]"))
+            where = f"device_traces[{device}][{index}]"
+            event = _snapshot_event(device, raw, where)
+            if problem := limits.add(device, event.stream):
+                raise TraceError(f"{where}: {problem}")
+            events.append(event)
     return events
 
 
@@ -353,7 +434,8 @@ def _rmm_csv_stream(stream: BinaryIO) -> list[Event]:
     """rmm_csv_events() of a binary stream, decoded and parsed as it is read."""
     reader = csv.reader(io.TextIOWrapper(stream, encoding="utf-8-sig", newline=""))
     rows: list[_RmmRow] = []
-    blank = 0
+    blank = events = 0
+    limits = _Limits()
     try:
         header = next(reader)
         columns = _rmm_columns(header)
@@ -364,7 +446,14 @@ def _rmm_csv_stream(stream: BinaryIO) -> list[Event]:
                     raise TraceError(f"line {reader.line_num}: more than {MAX_BLANK_LINES} "
                                      "blank lines: not an RMM log")
                 continue
-            rows.append(_rmm_row(fields, columns, len(header), reader.line_num))
+            row = _rmm_row(fields, columns, len(header), reader.line_num)
+            events += 2 if row.action == FREE_COMPLETED else 1  # a free is two events
+            if events > MAX_EVENTS:
+                raise TraceError(f"line {row.line}: more than {MAX_EVENTS} events, the most a "
+                                 "trace may hold")
+            if problem := limits.add(0, row.stream):
+                raise TraceError(f"line {row.line}: {problem}")
+            rows.append(row)
     except csv.Error as e:
         raise TraceError(f"line {reader.line_num}: bad CSV ({_clip(str(e))})") from None
     except UnicodeDecodeError:
@@ -450,6 +539,42 @@ def _relative_times(times: list[int | None]) -> list[int]:
 
 def read_cuat(data: bytes) -> list[Event]:
     """Parse and validate an uncompressed ``.cuat`` image (see FORMAT.md)."""
+    count = _cuat_header(data)
+    expected = HEADER.size + count * RECORD.size
+    if len(data) != expected:
+        what = "truncated" if len(data) < expected else "trailing bytes after the records"
+        raise TraceError(
+            f"{what}: header says {count} events ({expected} bytes), file has {len(data)} bytes"
+        )
+    _cuat_count_within_limit(count)
+    events: list[Event] = []
+    _cuat_events(memoryview(data)[HEADER.size :], events, _Limits())
+    return events
+
+
+def _read_cuat_stream(stream: BinaryIO) -> list[Event]:
+    """read_cuat() of a stream, read a batch of records at a time: memory follows the records
+    that are there, whatever the header promises."""
+    count = _cuat_header(stream.read(HEADER.size))
+    _cuat_count_within_limit(count)
+    events: list[Event] = []
+    limits = _Limits()
+    while len(events) < count:
+        want = min(count - len(events), 1 << 16) * RECORD.size
+        data = stream.read(want)
+        if len(data) < want:
+            have = HEADER.size + len(events) * RECORD.size + len(data)
+            raise TraceError(f"truncated: header says {count} events "
+                             f"({HEADER.size + count * RECORD.size} bytes), file has {have} bytes")
+        _cuat_events(memoryview(data), events, limits)
+    if stream.read(1):  # reading to the end checks the gzip trailer too
+        raise TraceError(f"trailing bytes after the records: header says {count} events "
+                         f"({HEADER.size + count * RECORD.size} bytes), the file holds more")
+    return events
+
+
+def _cuat_header(data: bytes) -> int:
+    """The event count of a ``.cuat`` header, checked."""
     if len(data) < HEADER.size:
         raise TraceError(f"truncated cuarena trace: {len(data)} bytes, the header alone is 32")
     magic, version, record_size, count, _reserved = HEADER.unpack_from(data)
@@ -459,16 +584,23 @@ def read_cuat(data: bytes) -> list[Event]:
         raise TraceError(f"cuarena trace version {version}; this converter reads version 1")
     if record_size != RECORD.size:
         raise TraceError(f"cuarena trace record_size {record_size}, expected {RECORD.size}")
-    expected = HEADER.size + count * RECORD.size
-    if len(data) != expected:
-        what = "truncated" if len(data) < expected else "trailing bytes after the records"
-        raise TraceError(
-            f"{what}: header says {count} events ({expected} bytes), file has {len(data)} bytes"
-        )
-    events = []
-    for index, fields in enumerate(RECORD.iter_unpack(memoryview(data)[HEADER.size :])):
-        events.append(_cuat_event(index, fields, events[-1].device if events else 0))
-    return events
+    return count
+
+
+def _cuat_count_within_limit(count: int) -> None:
+    if count > MAX_EVENTS:
+        raise TraceError(f"header promises {count} events, more than a trace may hold "
+                         f"({MAX_EVENTS}, {_size_text(MAX_CUAT_BYTES)} decompressed; "
+                         "trace/FORMAT.md)")
+
+
+def _cuat_events(records: memoryview, events: list[Event], limits: _Limits) -> None:
+    """Appends the records' events to ``events``, each checked."""
+    for fields in RECORD.iter_unpack(records):
+        event = _cuat_event(len(events), fields, events[-1].device if events else 0)
+        if problem := limits.add(event.device, event.stream):
+            raise TraceError(f"record {len(events)}: {problem}")
+        events.append(event)
 
 
 def _cuat_event(index: int, fields: tuple, previous_device: int) -> Event:

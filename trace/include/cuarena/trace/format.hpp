@@ -14,6 +14,17 @@ inline constexpr std::uint32_t kRecordSize = 40;
 /// The largest size of an event other than `oom`, in bytes (16 TiB: no device holds more).
 inline constexpr std::uint64_t kMaxEventSize = std::uint64_t{16} << 40;
 
+// The readers' limits (FORMAT.md, "Limits"), checked before the events they allow are held, so
+// a small file cannot make a reader hold or replay more than a real trace would.
+/// Records in one file: 2.5 GiB of them (40 bytes each, in memory too).
+inline constexpr std::uint64_t kMaxEvents = std::uint64_t{1} << 26;
+/// Device indices are below this: PyTorch's device index is an int8 (at most 120 GPUs).
+inline constexpr std::uint32_t kMaxDevices = 128;
+/// Distinct streams of one device: each costs every replay state of its own.
+inline constexpr std::uint64_t kMaxStreamsPerDevice = std::uint64_t{1} << 17;
+/// The most bytes a file may hold once decompressed: a header and kMaxEvents records.
+inline constexpr std::uint64_t kMaxImageBytes = kHeaderSize + kMaxEvents * kRecordSize;
+
 enum class Action : std::uint8_t {
   kAlloc = 0,
   kFreeRequested = 1,
