@@ -1,24 +1,50 @@
 #include "cuarena/trace/writer.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 namespace cuarena::cuat {
 
+namespace {
+
+// A regular file is written as a new file of its own name beside it (`.NAME.XXXXXX`, made by
+// mkstemp: no file of the user's is taken) and renamed over it once whole; anything else (a
+// device such as /dev/stdout) is written directly.
+FILE* open_target(const std::string& path, bool regular, std::string& target) {
+  if (!regular) {
+    target = path;
+    return std::fopen(path.c_str(), "wb");
+  }
+  const std::filesystem::path p(path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : ".";
+  target = (dir / ("." + p.filename().string() + ".XXXXXX")).string();
+  const int fd = mkstemp(target.data());
+  if (fd < 0) return nullptr;
+  FILE* f = fdopen(fd, "wb");
+  if (f == nullptr) {
+    close(fd);
+    std::remove(target.c_str());
+  }
+  return f;
+}
+
+}  // namespace
+
 void write(const std::string& path, const std::vector<Event>& events) {
-  // Anything but a regular file (a device such as /dev/stdout) is written directly.
   std::error_code ec;
   const bool regular =
       !std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec);
-  const std::string target = regular ? path + ".partial" : path;
-  std::ofstream out(target, std::ios::binary);
-  if (!out) throw WriteError(path + ": cannot open for writing: " + std::strerror(errno));
+  std::string target;
+  FILE* out = open_target(path, regular, target);
+  if (out == nullptr) throw WriteError(path + ": cannot open for writing: " + std::strerror(errno));
   auto failed = [&](const char* what) {
     const std::string why = std::strerror(errno);
-    out.close();
+    if (out != nullptr) std::fclose(out);
     if (regular) std::remove(target.c_str());
     throw WriteError(path + ": " + what + " failed: " + why + " (nothing written)");
   };
@@ -27,7 +53,7 @@ void write(const std::string& path, const std::vector<Event>& events) {
   store_le<std::uint32_t>(header + 8, kVersion);
   store_le<std::uint32_t>(header + 12, kRecordSize);
   store_le<std::uint64_t>(header + 16, events.size());
-  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  if (std::fwrite(header, sizeof header, 1, out) != 1) failed("write");
   for (const Event& e : events) {
     unsigned char r[kRecordSize] = {};
     r[0] = static_cast<unsigned char>(e.action);
@@ -36,14 +62,13 @@ void write(const std::string& path, const std::vector<Event>& events) {
     store_le<std::uint64_t>(r + 16, e.addr);
     store_le<std::uint64_t>(r + 24, e.size);
     store_le<std::int64_t>(r + 32, e.time_us);
-    out.write(reinterpret_cast<const char*>(r), sizeof r);
-    if (!out) failed("write");
+    if (std::fwrite(r, sizeof r, 1, out) != 1) failed("write");
   }
   errno = 0;
-  out.flush();
-  if (!out) failed("write");
-  out.close();
-  if (!out) failed("close");
+  if (std::fflush(out) != 0) failed("write");
+  const int closed = std::fclose(out);
+  out = nullptr;
+  if (closed != 0) failed("close");
   if (regular && std::rename(target.c_str(), path.c_str()) != 0) failed("rename");
 }
 
