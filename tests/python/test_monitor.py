@@ -544,6 +544,15 @@ def test_without_textual_one_line(tmp_path):
     # One table for scripts needs rich alone (textual's own dependency, often there without it).
     r = top(tmp_path, "--once", **env)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+    # Without rich either: one line for the table, and JSON still works.
+    (blocker / "rich").mkdir()
+    (blocker / "rich" / "__init__.py").write_text("raise ImportError('no rich here')")
+    r = top(tmp_path, "--once", **env)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("cuarena: error: cuarena top --once needs rich") and \
+        r.stderr.count("\n") == 1, r.stderr
+    r = top(tmp_path, "--once", "--json", **env)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("args, message", [

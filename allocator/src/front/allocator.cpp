@@ -61,7 +61,8 @@ class Allocator::Impl final : private detail::PlanServer::Host {
              backend.granularity(),
              limit_bytes(backend, config_),
              static_cast<std::size_t>(double(limit_bytes(backend, config_)) *
-                                      config_.defrag_threshold)},
+                                      config_.defrag_threshold),
+             {}},
         pool_(ctx_),
         slabs_(ctx_, pool_, classes_),
         returns_(caches_, stats_, slabs_, pool_),

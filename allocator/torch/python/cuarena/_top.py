@@ -28,6 +28,8 @@ Keys: s sort column, g next GPU (or all), 0-9 a GPU by its number, a all, q quit
 The live screen needs textual: pip install textual (or pip install 'cuarena[top]')."""
 TEXTUAL_MISSING = ("cuarena: error: cuarena top needs textual, which is not installed: "
                    "pip install textual (or pip install 'cuarena[top]')")
+RICH_MISSING = ("cuarena: error: cuarena top --once needs rich, which is not installed: "
+                "pip install rich (or pip install 'cuarena[top]'); --once --json needs neither")
 
 
 class _UsageError(Exception):
@@ -51,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --once: one JSON document (devices, processes with every page "
                         "field, sizes in bytes, notes)")
     return p
+
+
+def _have_rich() -> bool:
+    try:
+        import rich.console  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _have_textual() -> bool:
@@ -112,6 +122,9 @@ def main(argv: list[str]) -> int:
         return 2
     if not args.once and not _have_textual():
         print(TEXTUAL_MISSING, file=sys.stderr)
+        return 2
+    if args.once and not args.json and not _have_rich():
+        print(RICH_MISSING, file=sys.stderr)
         return 2
     if args.once:
         try:
