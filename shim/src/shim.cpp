@@ -55,7 +55,16 @@ Shim::Shim() {
       std::fprintf(stderr, "cuarena: CUARENA_LOG=%s: cannot open; not logging\n",
                    config_.log_path.c_str());
   }
-  if (!config_.trace_path.empty()) trace_ = std::make_unique<TraceRecorder>(config_.trace_path);
+  if (!config_.trace_path.empty()) {
+    // Said once, at the start: the job runs on, and the recording goes where it can be written.
+    if (const std::string why = TraceRecorder::cannot_write(config_.trace_path); !why.empty()) {
+      const std::string fallback = TraceRecorder::fallback_path();
+      std::fprintf(stderr, "cuarena: CUARENA_TRACE=%s: %s; recording to %s instead\n",
+                   clip(config_.trace_path).c_str(), why.c_str(), fallback.c_str());
+      config_.trace_path = fallback;
+    }
+    trace_ = std::make_unique<TraceRecorder>(config_.trace_path);
+  }
   // PyTorch's caching would hide every tensor from cuarena: one cudaMalloc per tensor instead.
   if (!config_.keep_torch_cache) setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", 1);
   // Nor may cuarena's PyTorch drop-in (pip package) start inside the job: it would read

@@ -1,6 +1,8 @@
 #include "shim_config.hpp"
 
+#include <cctype>
 #include <cstdlib>
+#include <optional>
 #include <utility>
 
 #include "cuarena/errors.hpp"
@@ -12,7 +14,28 @@ std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
 }
-bool on(const std::string& v) { return !v.empty() && v != "0" && v != "False" && v != "false"; }
+
+// The switch words, as the Python package reads CUARENA (cuarena/_conf.py): case and
+// surrounding whitespace ignored; nullopt for any other word.
+std::optional<bool> switch_word(const std::string& text) {
+  const auto b = text.find_first_not_of(" \t"), e = text.find_last_not_of(" \t");
+  std::string w = b == std::string::npos ? "" : text.substr(b, e - b + 1);
+  for (char& ch : w) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  for (const char* off : {"", "0", "false", "no", "off"})
+    if (w == off) return false;
+  for (const char* on : {"1", "true", "yes", "on"})
+    if (w == on) return true;
+  return std::nullopt;
+}
+
+// A variable that is only a switch: another word is an error naming it (the job has not
+// started, so stopping loses nothing).
+bool switch_env(const char* name) {
+  const std::string v = env(name);
+  if (const auto w = switch_word(v)) return *w;
+  throw ConfigError(std::string(name) + "=" + clip(v) +
+                    ": expected 1, true, yes or on, or 0, false, no or off");
+}
 }  // namespace
 
 namespace {
@@ -56,11 +79,14 @@ ShimConfig ShimConfig::from_env() {
   } catch (const ConfigError& e) {
     throw ConfigError(std::string("CUARENA_CONF: ") + e.what());
   }
+  // CUARENA_LOG: a switch word, "stderr" (or "-"), or a path; off writes no file named "off".
   const std::string log = env("CUARENA_LOG");
-  if (on(log)) c.log_path = (log == "1" || log == "stderr") ? "-" : log;
-  c.summary = on(env("CUARENA_SUMMARY"));
+  const auto w = switch_word(log);
+  const bool to_stderr = w ? *w : log == "stderr" || log == "-";
+  c.log_path = to_stderr ? std::string("-") : w ? std::string() : log;
+  c.summary = switch_env("CUARENA_SUMMARY");
   c.trace_path = env("CUARENA_TRACE");
-  c.keep_torch_cache = on(env("CUARENA_KEEP_TORCH_CACHE"));
+  c.keep_torch_cache = switch_env("CUARENA_KEEP_TORCH_CACHE");
   return c;
 }
 

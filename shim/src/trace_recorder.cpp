@@ -1,6 +1,12 @@
 #include "trace_recorder.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 
 namespace cuarena::shim {
 
@@ -11,6 +17,22 @@ void TraceRecorder::record(cuat::Action action, int device, StreamId stream, Dev
                       .count();
   std::lock_guard lock(mu_);
   events_.push_back({action, std::uint16_t(device), stream, addr, size, us});
+}
+
+std::string TraceRecorder::cannot_write(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return "it is a directory";
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return "cannot write in " + dir + ": " + std::strerror(errno);
+  return "";
+}
+
+std::string TraceRecorder::fallback_path() {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = tmp != nullptr && tmp[0] == '/' ? tmp : "/tmp";
+  return dir + "/cuarena-trace." + std::to_string(::getpid()) + ".cuat";
 }
 
 std::string TraceRecorder::write() {

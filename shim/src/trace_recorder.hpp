@@ -21,6 +21,12 @@ class TraceRecorder {
   /// Writes the trace (devices one after another). Returns an error message, or "" on success.
   std::string write();
   const std::string& path() const { return path_; }
+  /// Why a trace could not be written at `path` (its folder missing or not writable: the
+  /// writer makes a temporary there and renames it), or "" when it can. No side effect.
+  static std::string cannot_write(const std::string& path);
+  /// Where a trace goes when its path cannot be written: $TMPDIR (else
+  /// /tmp)/cuarena-trace.<pid>.cuat.
+  static std::string fallback_path();
   bool empty() {
     std::lock_guard lock(mu_);
     return events_.empty();

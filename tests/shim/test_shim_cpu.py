@@ -549,3 +549,40 @@ def test_bad_conf_fails_with_one_line(runner, which):
     assert lines[0].startswith(BAD_CONF_MESSAGE_PREFIX) and BAD_CONF_KEY in lines[0], \
         f"expected '{BAD_CONF_MESSAGE_PREFIX} ...{BAD_CONF_KEY}...':\n{bad.describe()}"
     assert bad.stdout == "", f"the job started despite the bad setting:\n{bad.describe()}"
+
+
+def test_an_unwritable_trace_path_is_said_once_at_start(runner, tmp_path):
+    """CUARENA_TRACE in a folder that cannot be written: one line at the start naming it and
+    where the recording goes instead; the job runs on and exits as it would."""
+    prog = [sys.executable, "-c", "print('job ran')"]
+    bad = tmp_path / "missing" / "t.cuat"
+    run = runner(prog, with_shim=True, env={"CUARENA_TRACE": str(bad), "TMPDIR": str(tmp_path)})
+    assert run.returncode == 0 and run.stdout == "job ran\n", run.describe()
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, run.describe()
+    assert lines[0].startswith(f"cuarena: CUARENA_TRACE={bad}: cannot write in "
+                               f"{bad.parent}: No such file or directory; recording to "
+                               f"{tmp_path}/cuarena-trace."), lines[0]
+
+
+@pytest.mark.parametrize("word", ["off", "no", "false", "0", "OFF"])
+def test_switch_words_turn_log_and_summary_off(runner, tmp_path, word):
+    """CUARENA_LOG=off writes no file named `off`; CUARENA_SUMMARY=no prints no summary."""
+    prog = [sys.executable, "-c", "print('job ran')"]
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # the job's working folder, where a file named `off` would appear
+    try:
+        run = runner(prog, with_shim=True, env={"CUARENA_LOG": word, "CUARENA_SUMMARY": word})
+    finally:
+        os.chdir(cwd)
+    assert run.returncode == 0 and run.stdout == "job ran\n" and run.stderr == "", run.describe()
+    assert not list(tmp_path.iterdir()), sorted(p.name for p in tmp_path.iterdir())
+
+
+def test_a_switch_that_is_no_word_stops_the_job_with_one_line(runner):
+    run = runner(["/bin/sh", "-c", "echo job ran"], with_shim=True,
+                 env={"CUARENA_SUMMARY": "maybe"})
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == BAD_CONF_EXIT_STATUS and run.stdout == "", run.describe()
+    assert len(lines) == 1 and lines[0].startswith("cuarena: CUARENA_SUMMARY=maybe: expected"), \
+        run.describe()

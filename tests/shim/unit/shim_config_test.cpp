@@ -83,6 +83,37 @@ TEST(ShimConfig, EnvironmentVariables) {
     unsetenv(v);
 }
 
+TEST(ShimConfig, WhitespaceAroundKeysAndValuesAsTheCoresParserAllows) {
+  const ShimConfig c = ShimConfig::parse(" memory_limit : 1GiB , dormant_maps : 2 ");
+  EXPECT_EQ(c.memory_limit, std::size_t{1} << 30);
+  EXPECT_EQ(c.core.dormant_maps, 2u);
+  EXPECT_EQ(ShimConfig::parse("pending_free_bytes :\t2MiB").pending_free_bytes,
+            std::size_t{2} << 20);
+}
+
+// A switch reads as the Python package's: off words turn it off, on words on; CUARENA_LOG's
+// other values are a path.
+TEST(ShimConfig, SwitchesReadOffAndOnWords) {
+  for (const char* off : {"0", "off", "no", "false", "False", "OFF", " no "}) {
+    setenv("CUARENA_LOG", off, 1);
+    setenv("CUARENA_SUMMARY", off, 1);
+    const ShimConfig c = ShimConfig::from_env();
+    EXPECT_EQ(c.log_path, "") << off;
+    EXPECT_FALSE(c.summary) << off;
+  }
+  for (const char* on : {"1", "on", "yes", "true", "True", "stderr"}) {
+    setenv("CUARENA_LOG", on, 1);
+    setenv("CUARENA_SUMMARY", on == std::string("stderr") ? "1" : on, 1);
+    const ShimConfig c = ShimConfig::from_env();
+    EXPECT_EQ(c.log_path, "-") << on;
+    EXPECT_TRUE(c.summary) << on;
+  }
+  setenv("CUARENA_SUMMARY", "maybe", 1);
+  EXPECT_THROW(ShimConfig::from_env(), ConfigError);
+  unsetenv("CUARENA_LOG");
+  unsetenv("CUARENA_SUMMARY");
+}
+
 TEST(ShimConfig, TheShimsKeysAreATableOverTheCoresParser) {
   ASSERT_EQ(cuarena::ConfigTarget::key_names(ShimConfig::table()),
             (std::vector<std::string>{"memory_limit", "pending_free_bytes"}));
