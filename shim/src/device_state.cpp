@@ -36,7 +36,7 @@ DeviceState::DeviceState(CUcontext context, int device, const ShimConfig& config
                          TraceRecorder* trace)
     : context_(context),
       device_(device),
-      pending_limit_(config.pending_free_bytes),
+      hold_limit_(config.pending_free_bytes),
       trace_(trace),
       backend_(device, config.memory_limit, context),
       alloc_(backend_, config.core) {
@@ -72,33 +72,45 @@ void DeviceState::start_monitor() {
 }
 
 void* DeviceState::allocate(std::size_t bytes, StreamId stream) {
-  settle_frees();
+  if (held_bytes_.load(std::memory_order_acquire) != 0) {
+    // Frees are held: a request cuarena can serve from the memory it holds does not need them
+    // (their fence costs a driver call or two per stream); one that would grow the pool does.
+    {
+      SpentTimer timer(Shim::Part::kCore);
+      if (void* p = alloc_.allocate_reserved(bytes, stream)) {
+        served_held_.fetch_add(1, std::memory_order_relaxed);
+        return p;
+      }
+    }
+    release_held();
+  }
   try {
     SpentTimer timer(Shim::Part::kCore);
     return alloc_.allocate(bytes, stream);
   } catch (const OutOfMemoryError&) {
   }
-  // Out of memory: every free the program made is memory it may count on.
-  drain_frees();
+  // Out of memory: every free the program made is memory it may count on (frees held since
+  // the fence above, by other threads).
+  release_held();
   return alloc_.allocate(bytes, stream);
 }
 
 std::optional<Allocator::BlockInfo> DeviceState::find(DevicePtr ptr) const {
   std::optional<Allocator::BlockInfo> b = alloc_.find(reinterpret_cast<void*>(ptr));
-  if (b && outstanding_.load(std::memory_order_acquire) != 0) {
+  if (b && held_bytes_.load(std::memory_order_acquire) != 0) {
     std::lock_guard lock(mu_);
-    if (fences_.waiting(ptr)) return std::nullopt;
+    if (held_.held(ptr)) return std::nullopt;
   }
   return b;
 }
 
 bool DeviceState::free_sync(DevicePtr ptr, const Allocator::BlockInfo& block) {
   std::lock_guard lock(mu_);
-  if (!fences_.defer(ptr, block.size)) return false;
+  if (!held_.hold(ptr, block.size)) return false;
   forget(ptr);
-  outstanding_.store(fences_.outstanding_bytes(), std::memory_order_release);
-  // Batches close at a quarter of the pending budget, so about four fences are in flight.
-  if (fences_.open_bytes() >= pending_limit_ / 4 || fences_.open_count() >= 4096) close_batch();
+  held_bytes_.store(held_.bytes(), std::memory_order_release);
+  // Bounded even while every allocation is served without them.
+  if (held_.bytes() >= hold_limit_ || held_.count() >= 4096) fence_and_release();
   return true;
 }
 
@@ -159,69 +171,38 @@ CUstream DeviceState::reuse_stream(unsigned flags, int priority) {
   return streams_.reuse(flags, priority);
 }
 
-void DeviceState::settle_frees() {
-  if (outstanding_.load(std::memory_order_acquire) == 0) return;
-  std::lock_guard lock(mu_);
-  std::vector<FenceQueue::Freed> freed;
-  // Without a live non-blocking stream a recorded fence already orders every later use of its
-  // blocks (stream_registry.hpp): close the batch now and reuse them without waiting.
-  const bool ordered = !streams_.has_live_non_blocking();
-  if (ordered && fences_.open_count() != 0) close_batch();
-  fences_.take_completed(freed, ordered);
-  if (ordered && !freed.empty()) ++counters_.ordered;
-  // Over budget: wait for the oldest fences, closing the open batch if it is all there is.
-  while (fences_.outstanding_bytes() > pending_limit_) {
-    if (!fences_.has_closed() && !close_batch()) break;
-    if (!timed_wait(freed, ordered)) break;  // refused: allocate without waiting
-  }
-  release(freed);
-}
-
-bool DeviceState::timed_wait(std::vector<FenceQueue::Freed>& freed, bool legacy_orders) {
-  const auto start = std::chrono::steady_clock::now();
-  const bool ok = fences_.wait_oldest(freed, legacy_orders);
-  counters_.waits += ok ? 1 : 0;
-  counters_.wait_ns += std::uint64_t(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-          .count());
-  return ok;
-}
-
 DeviceState::FenceCounters DeviceState::fence_counters() const {
   std::lock_guard lock(mu_);
-  return counters_;
+  FenceCounters c = counters_;
+  c.served_held = served_held_.load(std::memory_order_relaxed);
+  return c;
 }
 
-void DeviceState::drain_frees() {
+void DeviceState::release_held() {
   std::lock_guard lock(mu_);
-  std::vector<FenceQueue::Freed> freed;
-  close_batch();
-  const bool ordered = !streams_.has_live_non_blocking();
-  while (timed_wait(freed, ordered)) {
+  fence_and_release();
+}
+
+void DeviceState::fence_and_release() {
+  if (held_.count() == 0) return;
+  std::vector<HeldFrees::Freed> freed;
+  {
+    ContextScope scope(context_);
+    SpentTimer timer(Shim::Part::kFence);
+    if (!streams_.record_fence()) return;  // a capture is under way: at a later fence
+    held_.take_all(freed);
+    ++counters_.fences;
+    counters_.reused += freed.size();
+    counters_.streams = streams_.live_non_blocking();
   }
-  release(freed);
-}
-
-bool DeviceState::close_batch() {
-  if (fences_.open_count() == 0) return true;
-  ContextScope scope(context_);
-  SpentTimer timer(Shim::Part::kFence);
-  FenceEvents events;
-  if (!streams_.record_fence(events)) return false;  // a capture is under way: later
-  fences_.close(std::move(events));
-  ++counters_.fences;
-  return true;
-}
-
-void DeviceState::release(std::vector<FenceQueue::Freed>& freed) {
+  held_bytes_.store(0, std::memory_order_release);
   SpentTimer timer(Shim::Part::kCore);
-  for (const FenceQueue::Freed& f : freed) {
+  for (const HeldFrees::Freed& f : freed) {
     std::optional<Allocator::BlockInfo> b;
     if (trace_) b = alloc_.find(reinterpret_cast<void*>(f.ptr));
     alloc_.deallocate(reinterpret_cast<void*>(f.ptr));
     if (b) trace_->record(cuat::Action::kFreeCompleted, device_, b->stream, f.ptr, b->requested);
   }
-  outstanding_.store(fences_.outstanding_bytes(), std::memory_order_release);
 }
 
 void DeviceState::forget(DevicePtr ptr) {
@@ -245,7 +226,7 @@ void DeviceState::mem_info(std::size_t& free_bytes, std::size_t& total_bytes) {
   const auto all = std::size_t(Pool::kAll);
   const std::size_t reserved = std::size_t(st.reserved_bytes[all].current);
   const std::size_t allocated = std::size_t(st.allocated_bytes[all].current);
-  const std::size_t pending = std::min(outstanding_.load(std::memory_order_acquire), allocated);
+  const std::size_t pending = std::min(held_bytes_.load(std::memory_order_acquire), allocated);
   const std::size_t in_use = allocated - pending;  // what the program still holds
   free_bytes = real_free + (reserved - std::min(reserved, in_use));
   total_bytes = real_total;

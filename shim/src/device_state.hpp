@@ -4,15 +4,11 @@
 //
 // Stream semantics: an allocation on stream S (0: the legacy default stream; synchronous
 // allocations use it too) is reusable on S at once after an asynchronous free on S, and after
-// the events cuarena records otherwise. A synchronous free is fenced (fence_queue.hpp): its
-// block is reused only by work ordered after all device work issued before the free. While the
-// context has no live non-blocking stream, CUDA's implicit synchronisation with the legacy stream
-// orders that work once the fence is recorded, so the block is reused at the next allocation
-// without waiting (stream_registry.hpp); otherwise once the fence has completed.
-//
-// Memory: up to ShimConfig::pending_free_bytes of fenced frees may wait for the device while
-// allocations grow the pool; past it, an allocation waits for the oldest fence first, so a host
-// running far ahead of the device is paced instead of holding a second copy of its working set.
+// the events cuarena records otherwise. A synchronous free is held (held_frees.hpp) until a
+// fence (stream_registry.hpp) orders every later command after every earlier one; then it goes
+// back to cuarena. The fence is recorded when an allocation cannot be served from what cuarena
+// holds, or when ShimConfig::pending_free_bytes are held: a few times per training step instead
+// of once per free, and never with the host waiting for the device.
 //
 // Thread semantics: every member is safe to call concurrently. Errors: allocate() throws
 // OutOfMemoryError (after waiting for every fenced free and cuarena's own reclaim); the
@@ -32,7 +28,7 @@
 #include "cuarena/allocator.hpp"
 #include "cuarena/cuda_vmm_backend.hpp"
 #include "cuarena/monitor_publisher.hpp"
-#include "fence_queue.hpp"
+#include "held_frees.hpp"
 #include "shim_config.hpp"
 #include "stream_registry.hpp"
 #include "trace_recorder.hpp"
@@ -55,8 +51,8 @@ class DeviceState {
   /// The live allocation starting at `ptr` that the program has not freed, or nullopt.
   std::optional<Allocator::BlockInfo> find(DevicePtr ptr) const;
 
-  /// cudaFree / cuMemFree of a live allocation: fenced against all device work issued so far.
-  /// False for a pointer already freed (waiting for its fence).
+  /// cudaFree / cuMemFree of a live allocation: held until a fence orders its reuse after all
+  /// device work issued so far. False for a pointer already freed (held).
   bool free_sync(DevicePtr ptr, const Allocator::BlockInfo& block);
   /// cuMemFreeAsync on `stream` (normalised): stream-ordered.
   void free_async(DevicePtr ptr, const Allocator::BlockInfo& block, StreamId stream);
@@ -95,45 +91,43 @@ class DeviceState {
   void capture_begins(CUstream stream);
   void capture_ends(CUstream stream);
 
-  /// Waits for every fenced free and gives it back to cuarena (before an out-of-memory error,
-  /// and at the program's request to release memory).
-  void drain_frees();
+  /// Fences the held frees and gives them back to cuarena (before an out-of-memory error, and
+  /// at the program's request to release memory). Nothing while a graph is being captured.
+  void release_held();
 
   /// What the fences cost the host (cumulative; read at exit for the summary line).
   struct FenceCounters {
-    std::uint64_t fences = 0;   ///< batches closed (one set of events each)
-    std::uint64_t waits = 0;    ///< allocations that blocked on a fence (budget or OOM)
-    std::uint64_t wait_ns = 0;  ///< host time spent in those waits
-    std::uint64_t ordered = 0;  ///< releases before the legacy event completed (stream order)
+    std::uint64_t fences = 0;  ///< fences recorded
+    std::uint64_t reused = 0;  ///< held frees given back to cuarena by them
+    std::uint64_t served_held =
+        0;                      ///< allocations served from cuarena's memory while frees were held
+    std::uint64_t streams = 0;  ///< live non-blocking streams at the last fence
   };
   FenceCounters fence_counters() const;
 
  private:
   void start_monitor();
-  void settle_frees();
-  bool close_batch();  // requires mu_
-  // requires mu_: wait_oldest(freed, legacy_orders), counted
-  bool timed_wait(std::vector<FenceQueue::Freed>& freed, bool legacy_orders);
-  void release(std::vector<FenceQueue::Freed>& freed);  // requires mu_
-  void forget(DevicePtr ptr);                           // requires mu_
-  std::uint64_t id_of(DevicePtr base);                  // requires mu_: buffer_id()'s answer
+  void fence_and_release();             // requires mu_: release_held()
+  void forget(DevicePtr ptr);           // requires mu_
+  std::uint64_t id_of(DevicePtr base);  // requires mu_: buffer_id()'s answer
 
   CUcontext context_;
   int device_;
-  std::size_t pending_limit_;
+  std::size_t hold_limit_;  // ShimConfig::pending_free_bytes
   TraceRecorder* trace_;
   CudaVmmBackend backend_;
   Allocator alloc_;
 
   mutable std::mutex mu_;  // guards what follows
   StreamRegistry streams_;
-  FenceQueue fences_;
-  std::atomic<std::size_t> outstanding_{0};  // fences_.outstanding_bytes(), read without mu_
+  HeldFrees held_;
+  std::atomic<std::size_t> held_bytes_{0};  // held_.bytes(), read without mu_
   std::unordered_map<DevicePtr, std::uint64_t> ids_;
   std::unordered_map<DevicePtr, std::unique_ptr<std::string>> exports_;
   std::atomic<bool> has_records_{false};  // ids_ or exports_ non-empty
   std::uint64_t next_id_ = 1;
-  FenceCounters counters_;  // guarded by mu_
+  FenceCounters counters_;  // guarded by mu_, but served_held: served_held_
+  std::atomic<std::uint64_t> served_held_{0};
   // The page `cuarena top` reads (null with CUARENA_MONITOR=0). Last: it stops reading alloc_
   // before alloc_ goes.
   std::unique_ptr<monitor::MonitorPublisher> monitor_;

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -192,29 +193,30 @@ std::string Shim::summary() {
     releases += st.num_device_free;
     const DeviceState::FenceCounters f = s->fence_counters();
     fences.fences += f.fences;
-    fences.waits += f.waits;
-    fences.wait_ns += f.wait_ns;
-    fences.ordered += f.ordered;
+    fences.reused += f.reused;
+    fences.served_held += f.served_held;
+    fences.streams = std::max(fences.streams, f.streams);
   }
   // The driver calls and host waits are what a served call can cost beyond cuarena's own work.
   auto ms = [&](Part p) { return double(spent_[std::size_t(p)].load()) / 1e6; };
   char line[512];
-  std::snprintf(
-      line, sizeof line,
-      "peak_requested_bytes=%lld peak_reserved_bytes=%lld reserved_ratio=%.4f "
-      "calls_served=%llu calls_passed_through=%llu map_calls=%lld unmap_calls=%lld "
-      "access_calls=%lld device_allocs=%lld device_frees=%lld fences=%llu "
-      "fence_waits=%llu fence_wait_ms=%.1f ordered_releases=%llu alloc_ms=%.1f free_ms=%.1f "
-      "core_ms=%.1f fence_ms=%.1f pid=%d",
-      static_cast<long long>(requested), static_cast<long long>(reserved),
-      requested > 0 ? double(reserved) / double(requested) : 0.0,
-      static_cast<unsigned long long>(served_.load()),
-      static_cast<unsigned long long>(passed_.load()), static_cast<long long>(maps),
-      static_cast<long long>(unmaps), static_cast<long long>(access),
-      static_cast<long long>(creates), static_cast<long long>(releases),
-      static_cast<unsigned long long>(fences.fences), static_cast<unsigned long long>(fences.waits),
-      double(fences.wait_ns) / 1e6, static_cast<unsigned long long>(fences.ordered),
-      ms(Part::kAlloc), ms(Part::kFree), ms(Part::kCore), ms(Part::kFence), int(::getpid()));
+  std::snprintf(line, sizeof line,
+                "peak_requested_bytes=%lld peak_reserved_bytes=%lld reserved_ratio=%.4f "
+                "calls_served=%llu calls_passed_through=%llu map_calls=%lld unmap_calls=%lld "
+                "access_calls=%lld device_allocs=%lld device_frees=%lld fences=%llu "
+                "fence_reused=%llu served_held=%llu fence_streams=%llu alloc_ms=%.1f free_ms=%.1f "
+                "core_ms=%.1f fence_ms=%.1f pid=%d",
+                static_cast<long long>(requested), static_cast<long long>(reserved),
+                requested > 0 ? double(reserved) / double(requested) : 0.0,
+                static_cast<unsigned long long>(served_.load()),
+                static_cast<unsigned long long>(passed_.load()), static_cast<long long>(maps),
+                static_cast<long long>(unmaps), static_cast<long long>(access),
+                static_cast<long long>(creates), static_cast<long long>(releases),
+                static_cast<unsigned long long>(fences.fences),
+                static_cast<unsigned long long>(fences.reused),
+                static_cast<unsigned long long>(fences.served_held),
+                static_cast<unsigned long long>(fences.streams), ms(Part::kAlloc), ms(Part::kFree),
+                ms(Part::kCore), ms(Part::kFence), int(::getpid()));
   return line;
 }
 

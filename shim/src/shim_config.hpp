@@ -3,8 +3,8 @@
 //   CUARENA_CONF      cuarena's configuration (the core's keys, see config.hpp) plus the shim's:
 //                       memory_limit:SIZE        most physical memory held per device (bytes or
 //                                                64GiB / 80GB); default: the whole device
-//                       pending_free_bytes:SIZE  freed bytes that may wait for the device before
-//                                                an allocation waits for them (default 64 MiB)
+//                       pending_free_bytes:SIZE  synchronously freed bytes held before a free
+//                                                fences them (default 1 GiB; held_frees.hpp)
 //   CUARENA_LOG       1 (or stderr): one stderr line per event; a path: those lines appended there
 //   CUARENA_SUMMARY   1: one line at exit (peaks, ratio, calls served and passed through)
 //   CUARENA_TRACE     path: the allocations recorded as a .cuat trace at exit (cuarena replay)
@@ -23,8 +23,8 @@ namespace cuarena::shim {
 struct ShimConfig {
   Config core;                   ///< the core's keys of CUARENA_CONF
   std::size_t memory_limit = 0;  ///< bytes per device; 0: the device's memory
-  std::size_t pending_free_bytes = std::size_t{64} << 20;
-  std::string log_path;  ///< "" off, "-" stderr, else a file
+  std::size_t pending_free_bytes = std::size_t{1} << 30;  ///< held frees that force a fence
+  std::string log_path;                                   ///< "" off, "-" stderr, else a file
   bool summary = false;
   std::string trace_path;  ///< "" off
   bool keep_torch_cache = false;

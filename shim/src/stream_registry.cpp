@@ -49,10 +49,10 @@ void StreamRegistry::order_after_fences(CUstream stream) {
   check(RealDriver::get().stream_wait_event(stream, newest_legacy_.get(), 0), "cuStreamWaitEvent");
 }
 
-bool StreamRegistry::has_live_non_blocking() const {
-  return std::any_of(streams_.begin(), streams_.end(), [](const Known& k) {
+std::size_t StreamRegistry::live_non_blocking() const {
+  return std::size_t(std::count_if(streams_.begin(), streams_.end(), [](const Known& k) {
     return !k.parked && (k.flags & CU_STREAM_NON_BLOCKING);
-  });
+  }));
 }
 
 bool StreamRegistry::retire(CUstream stream) {
@@ -82,7 +82,7 @@ CUstream StreamRegistry::reuse(unsigned flags, int priority) {
   return nullptr;
 }
 
-FenceEvent StreamRegistry::record(CUstream stream) {
+FenceEvent StreamRegistry::try_record(CUstream stream) {
   const RealDriver& d = RealDriver::get();
   CUevent e = nullptr;
   if (!spare_->empty()) {
@@ -91,10 +91,16 @@ FenceEvent StreamRegistry::record(CUstream stream) {
   } else {
     check(d.event_create(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
   }
-  // The deleter keeps the spare list alive, so a fence may outlive the registry.
+  // The deleter keeps the spare list alive, so an event may outlive the registry.
   FenceEvent ev(e, [spare = spare_](CUevent ev) { spare->push_back(ev); });
-  check(d.event_record(e, stream), "cuEventRecord");
+  if (d.event_record(e, stream) != CUDA_SUCCESS) return nullptr;  // back to the spares
   return ev;
+}
+
+FenceEvent StreamRegistry::record(CUstream stream) {
+  FenceEvent e = try_record(stream);
+  if (!e) throw BackendError("cuarena shim: cuEventRecord failed");
+  return e;
 }
 
 bool StreamRegistry::any_capturing() const {
@@ -113,20 +119,42 @@ void StreamRegistry::capture_ends(CUstream stream) {
   if (it != capturing_.end()) capturing_.erase(it);
 }
 
-bool StreamRegistry::record_fence(FenceEvents& out) {
+bool StreamRegistry::record_fence() {
   if (any_capturing()) return false;
   const RealDriver& d = RealDriver::get();
-  out.legacy = record(CU_STREAM_LEGACY);
-  newest_legacy_ = out.legacy;
+  const auto non_blocking = [](const Known& k) { return (k.flags & CU_STREAM_NON_BLOCKING) != 0; };
+  // A stream the driver refuses was destroyed behind the hooks: it has nothing to order.
+  std::vector<CUstream> gone;
+  // 1. The legacy stream waits for what the non-blocking streams (parked ones too: their work
+  //    still runs) and the destroyed ones have queued. An idle stream has nothing queued
+  //    (PyTorch and cuDNN create dozens they rarely use).
   for (const Known& k : streams_) {
-    if (!(k.flags & CU_STREAM_NON_BLOCKING)) continue;
-    // An idle stream has no earlier work to wait for (PyTorch creates dozens it rarely uses).
-    if (d.stream_query(k.stream) == CUDA_SUCCESS) continue;
-    out.others.push_back(record(k.stream));
+    if (!non_blocking(k)) continue;
+    const CUresult q = d.stream_query(k.stream);
+    if (q == CUDA_SUCCESS) continue;
+    const FenceEvent e = q == CUDA_ERROR_NOT_READY ? try_record(k.stream) : nullptr;
+    if (!e) {
+      gone.push_back(k.stream);
+      continue;
+    }
+    check(d.stream_wait_event(CU_STREAM_LEGACY, e.get(), 0), "cuStreamWaitEvent");
   }
-  std::erase_if(retired_,
-                [&](const FenceEvent& e) { return d.event_query(e.get()) == CUDA_SUCCESS; });
-  out.others.insert(out.others.end(), retired_.begin(), retired_.end());
+  for (const FenceEvent& e : retired_) {
+    if (d.event_query(e.get()) != CUDA_SUCCESS)
+      check(d.stream_wait_event(CU_STREAM_LEGACY, e.get(), 0), "cuStreamWaitEvent");
+  }
+  retired_.clear();  // the legacy stream's event below covers them from now on
+  // 2. The legacy stream's event: after every earlier command of the context.
+  newest_legacy_ = record(CU_STREAM_LEGACY);
+  // 3. Every later command of a live non-blocking stream after it.
+  for (const Known& k : streams_) {
+    if (!non_blocking(k) || k.parked) continue;
+    if (d.stream_wait_event(k.stream, newest_legacy_.get(), 0) != CUDA_SUCCESS)
+      gone.push_back(k.stream);
+  }
+  std::erase_if(streams_, [&](const Known& k) {
+    return std::find(gone.begin(), gone.end(), k.stream) != gone.end();
+  });
   return true;
 }
 

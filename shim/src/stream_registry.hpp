@@ -1,18 +1,21 @@
-// StreamRegistry: the streams of one context that a synchronous free (cudaFree, cuMemFree) must
-// wait for, and the events that fence such frees.
+// StreamRegistry: the streams of one context, and the fences that order a synchronous free's
+// block (cudaFree, cuMemFree) before its next use.
 //
-// An event recorded on the legacy default stream completes only after all earlier work of every
-// blocking stream of the context (per-thread default streams included), so one covers them all;
-// non-blocking streams do not synchronise with it and get an event each. A destroyed stream's
-// work still runs: its last event stays in every fence until it completes.
-//
-// The legacy stream's record is also a command every later command of a blocking stream waits
-// for (CUDA's implicit synchronisation: "any CUDA command to the NULL stream" separates two
-// streams' commands). So while the context has no live non-blocking stream, a fenced block may be
-// reused as soon as its fence is recorded: whatever stream the program uses it on next, that work
-// is ordered after the fence, hence after every earlier user (FenceQueue's `legacy_orders`). A
-// non-blocking stream created later first waits for the newest fence (order_after_fences), so
-// blocks handed out before it existed are safe there too.
+// A fence orders every command the program issues after it, on any stream of the context, after
+// every command issued before it, so a block freed before the fence may be reused at once, with
+// no host wait:
+//   1. what a non-blocking stream has queued (and a destroyed stream's last event until it
+//      completes), the legacy stream waits for: one event each, idle streams skipped;
+//   2. one event on the legacy stream: it completes only after every earlier command of every
+//      blocking stream (CUDA's implicit synchronisation), and, after 1., of every stream;
+//   3. every live non-blocking stream waits for that event; a blocking stream's later commands
+//      wait for it by CUDA's implicit synchronisation ("any CUDA command to the NULL stream"
+//      separates two streams' commands), and a non-blocking stream new to the program (created,
+//      or a parked one handed back) first waits for the newest fence (order_after_fences).
+// This is weaker than CUDA's own free (which blocks the host until the device is idle) and
+// stronger than the block needs; its cost is one driver call or two per non-blocking stream,
+// so the shim records a fence only when held memory is needed (held_frees.hpp). A stream the
+// shim never saw (made through a path it does not hook) is not ordered.
 //
 // A stream cuarena has allocated or freed on is never really destroyed: cuarena keeps blocks and
 // events per stream and would record on a dead handle (and a new stream could get the old
@@ -31,14 +34,8 @@
 
 namespace cuarena::shim {
 
-/// A CUevent that returns to its registry's spares when the last fence holding it is done.
+/// A CUevent that returns to its registry's spares when the last holder lets it go.
 using FenceEvent = std::shared_ptr<CUevent_st>;
-
-/// One fence: what a batch of synchronous frees waits for.
-struct FenceEvents {
-  FenceEvent legacy;               ///< on the legacy stream: covers every blocking stream
-  std::vector<FenceEvent> others;  ///< non-blocking streams and retired streams' last events
-};
 
 class StreamRegistry {
  public:
@@ -55,16 +52,14 @@ class StreamRegistry {
   bool retire(CUstream stream);
   /// A parked stream made with `flags` and `priority`, handed back to the program, or nullptr.
   CUstream reuse(unsigned flags, int priority);
-  /// Fills `out` with one event recorded now on the legacy stream and one on each non-blocking
-  /// stream, and the retired streams' events not yet complete. Returns false, recording
-  /// nothing, while any known stream is capturing a graph (an event there, or on the legacy
-  /// stream in global capture mode, would break the capture). Throws BackendError when the
-  /// driver refuses an event.
-  bool record_fence(FenceEvents& out);
-  /// True while a non-blocking stream the program may still launch work on is known (parked
-  /// ones are not: the program destroyed them). Without one, a recorded fence orders every
-  /// later use of its blocks (see above).
-  bool has_live_non_blocking() const;
+  /// Records a fence (above). Returns false, recording nothing, while any known stream is
+  /// capturing a graph (an event there, or on the legacy stream in global capture mode, would
+  /// break the capture). A stream the driver no longer knows is forgotten. Throws BackendError
+  /// when the driver refuses the legacy stream's event.
+  bool record_fence();
+  /// Non-blocking streams the program may still launch work on (parked ones excluded): what a
+  /// fence makes wait.
+  std::size_t live_non_blocking() const;
   /// True while a capture the program began (cuStreamBeginCapture*, counted by the hooks) has
   /// not ended, or while the legacy stream answers that it would capture (a blocking stream
   /// captures in global mode). One driver call at most; a capture on a non-blocking stream begun
@@ -76,7 +71,8 @@ class StreamRegistry {
   void capture_ends(CUstream stream);
 
  private:
-  FenceEvent record(CUstream stream);
+  FenceEvent record(CUstream stream);      // throws BackendError
+  FenceEvent try_record(CUstream stream);  // null when the driver refuses
   /// Makes `stream` (non-blocking, new to the program) wait for the newest fence.
   void order_after_fences(CUstream stream);
   struct Known {

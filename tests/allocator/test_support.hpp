@@ -24,4 +24,16 @@ inline std::int64_t reserved(const Allocator& a) {
   return a.stats().reserved_bytes[int(Pool::kAll)].current;
 }
 
+/// The allocator's modes a behaviour must hold in: the default (whole chunks), memory first, loop
+/// plans, and a segment upstream (cudaMalloc-like). For INSTANTIATE_TEST_SUITE_P with ValuesIn.
+struct Mode {
+  const char* name;
+  const char* config;
+  bool segments;  // SimBackend::Options::segments
+};
+inline constexpr Mode kModes[] = {{"whole_chunks", "", false},
+                                  {"memory_first", "whole_chunk_min:0", false},
+                                  {"loop_plan", "loop_plan:True", false},
+                                  {"segments", "upstream:malloc", true}};
+
 }  // namespace cuarena::test

@@ -53,6 +53,12 @@ class Allocator {
   /// waiting for outstanding events) when the device limit cannot accommodate it.
   void* allocate(std::size_t bytes, StreamId stream);
 
+  /// As allocate(), but only from physical memory already reserved: returns nullptr, creating
+  /// nothing, where serving `bytes` would need more (or past the limit). Mapping and unmapping
+  /// granules already held may still happen. For callers holding frees back (the shim's fenced
+  /// frees): they make those reusable only when this fails. Throws nothing but std::bad_alloc.
+  void* allocate_reserved(std::size_t bytes, StreamId stream);
+
   /// Frees a block from allocate(). The block is reusable at once on its allocation stream, and
   /// on other streams after the events that guard it complete. nullptr is ignored. Throws
   /// InvalidPointerError for a pointer not currently allocated here.

@@ -75,7 +75,8 @@ class Allocator::Impl final : private detail::PlanServer::Host {
     }
   }
 
-  void* allocate(std::size_t bytes, StreamId stream) {
+  /// `may_grow` false: nullptr instead of creating physical memory (allocate_reserved()).
+  void* allocate(std::size_t bytes, StreamId stream, bool may_grow) {
     if (bytes == 0) return nullptr;
     const bool small = bytes <= config_.small_limit;
     std::size_t cls = 0;
@@ -103,25 +104,29 @@ class Allocator::Impl final : private detail::PlanServer::Host {
     {
       std::lock_guard lock(mu_);
       CUARENA_EXPENSIVE(check_structures());
+      const detail::GrowthScope growth(ctx_, may_grow);
       if (!pending_.empty()) process_pending(false);
       if (rec.size != 0) ptr = plans_.serve(rec, stream);
       if (ptr != 0) {
         // served by the loop plan
       } else if (small) {
         ptr = slabs_.allocate(cls, stream, rec.slab);
-        if (ptr == 0) {
+        if (ptr == 0 && may_grow) {
           reclaim();
           ptr = slabs_.allocate(cls, stream, rec.slab);
         }
       } else if (rec.size != 0) {
         rec.block = pool_.try_allocate(rec.size, stream);
-        if (rec.block == nullptr && rec.size <= ctx_.limit) {  // else no wait can help
+        if (rec.block == nullptr && may_grow && rec.size <= ctx_.limit) {  // else no wait helps
           reclaim();
           rec.block = pool_.try_allocate(rec.size, stream);
         }
         ptr = rec.block ? rec.block->addr : 0;
       }
-      if (ptr == 0) throw out_of_memory(bytes, stream);
+      if (ptr == 0) {
+        if (!may_grow) return nullptr;
+        throw out_of_memory(bytes, stream);
+      }
 
       // A planned block counts in the large pool, whose memory (the plan's range) it uses.
       detail::count_allocations(stats_, rec.slab ? Pool::kSmall : Pool::kLarge, 1,
@@ -478,7 +483,10 @@ Allocator::Allocator(DeviceBackend& backend, Config config)
 // The observer is dropped first: whoever set it may be going away too.
 Allocator::~Allocator() { impl_->set_reservation_observer(nullptr); }
 void* Allocator::allocate(std::size_t bytes, StreamId stream) {
-  return impl_->allocate(bytes, stream);
+  return impl_->allocate(bytes, stream, /*may_grow=*/true);
+}
+void* Allocator::allocate_reserved(std::size_t bytes, StreamId stream) {
+  return impl_->allocate(bytes, stream, /*may_grow=*/false);
 }
 void Allocator::deallocate(void* ptr) { impl_->deallocate(ptr); }
 void Allocator::record_stream(void* ptr, StreamId stream) { impl_->record_stream(ptr, stream); }

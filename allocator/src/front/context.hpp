@@ -1,6 +1,7 @@
 // State shared by the parts of one Allocator: the backend, the statistics, and the limits.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -47,6 +48,10 @@ struct Context {
     if (on_reservation) on_reservation(bytes, address);
   }
 
+  /// False while an allocation may use only memory already held (Allocator::allocate_reserved):
+  /// then ceiling() is reserved() and every creation of physical memory is refused.
+  bool may_grow = true;
+
   void add_reserved(Pool pool, std::int64_t bytes) {
     auto& r = stats.reserved_bytes;
     if (bytes >= 0) {
@@ -60,6 +65,23 @@ struct Context {
   std::size_t reserved() const {
     return std::size_t(stats.reserved_bytes[int(Pool::kAll)].current);
   }
+  /// Most physical bytes that may be held after the call in progress: the limit, or what is
+  /// held already while growing is not allowed. Creations check this; heuristics that scale
+  /// with the device (memory first's turn, the defrag threshold) keep using `limit`.
+  std::size_t ceiling() const { return may_grow ? limit : std::min(limit, reserved()); }
+};
+
+/// Context::may_grow for one allocation (under the device lock); true again when it ends, also by
+/// an exception.
+class GrowthScope {
+ public:
+  GrowthScope(Context& ctx, bool may_grow) : ctx_(ctx) { ctx_.may_grow = may_grow; }
+  ~GrowthScope() { ctx_.may_grow = true; }
+  GrowthScope(const GrowthScope&) = delete;
+  GrowthScope& operator=(const GrowthScope&) = delete;
+
+ private:
+  Context& ctx_;
 };
 
 }  // namespace cuarena::detail

@@ -50,8 +50,8 @@ Block* BlockPool::new_segment(std::size_t min_size, StreamId stream) {
   const std::size_t g = ctx_.granule;
   std::size_t bytes =
       std::max(segment_size(min_size, tuning::segment_rule(g)), round_up(min_size, g));
-  if (ctx_.reserved() + bytes > ctx_.limit) bytes = round_up(min_size, g);
-  if (ctx_.reserved() + bytes > ctx_.limit) return nullptr;
+  if (ctx_.reserved() + bytes > ctx_.ceiling()) bytes = round_up(min_size, g);
+  if (ctx_.reserved() + bytes > ctx_.ceiling()) return nullptr;
   std::unique_ptr<Arena> a = mappings_.allocate_segment(bytes, stream);
   if (a == nullptr) return nullptr;
   arenas_.push_back(std::move(a));
@@ -106,7 +106,7 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if ((was_shared || index_.unified() || b->lazy) && !mapped &&
       !ensure_mapped(b, b->addr, size, stream)) {
     b->allocated = false;
-    index_.insert(coalesce(b));
+    index_.reinsert(coalesce(b));  // with its old free_seq: in order, not newest
     return nullptr;
   }
   b->lazy = false;

@@ -86,6 +86,15 @@ void FreeIndex::insert(Block* b, Block* fifo_pos, bool warm) {
   if (unified_ && warm) warm_.insert_before(warm_before_, b);
 }
 
+void FreeIndex::reinsert(Block* b) {
+  Block* pos = nullptr;
+  if (!b->shared && !b->retired) {
+    pos = stream(b->stream).fifo.front();
+    while (pos != nullptr && pos->free_seq <= b->free_seq) pos = Fifo::next(pos);
+  }
+  insert(b, pos);
+}
+
 void FreeIndex::remove(Block* b, bool keep_address) {
   if (!keep_address) unaddress(b);
   if (b->shared) {

@@ -148,6 +148,10 @@ class FreeIndex {
   /// FIFO (at the back when null), retired ones at the back of its retired list; shared ones
   /// (and, unified, owned ones) join warm() when `warm`, before the current warm position.
   void insert(Block* b, Block* fifo_pos = nullptr, bool warm = true);
+  /// insert() for a block put back with the free_seq it had (a placement that could not be
+  /// backed): an owned one goes where its free_seq belongs in the FIFO, not at the back.
+  /// O(FIFO length): for that failure path only.
+  void reinsert(Block* b);
   /// Takes b out of its indexes. `keep_address`: b stays free at its address (it is re-inserted
   /// or absorbs its neighbours), so its address entry stays, saving a map erase and insert.
   void remove(Block* b, bool keep_address = false);

@@ -15,13 +15,7 @@ using namespace cuarena::test;
 
 namespace {
 
-struct Scenario {
-  const char* name;
-  const char* config;
-  bool segments;  // a segment upstream (cudaMalloc-like)
-};
-
-class ReservationObserver : public ::testing::TestWithParam<Scenario> {};
+class ReservationObserver : public ::testing::TestWithParam<Mode> {};
 
 TEST_P(ReservationObserver, EventsSumToReservedAndPairByAddress) {
   SimBackend::Options o = sim_options(2 * GiB, /*latency=*/8);
@@ -84,11 +78,7 @@ TEST_P(ReservationObserver, EventsSumToReservedAndPairByAddress) {
   EXPECT_EQ(sum, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, ReservationObserver,
-                         ::testing::Values(Scenario{"whole_chunks", "", false},
-                                           Scenario{"memory_first", "whole_chunk_min:0", false},
-                                           Scenario{"loop_plan", "loop_plan:True", false},
-                                           Scenario{"segments", "upstream:malloc", true}),
+INSTANTIATE_TEST_SUITE_P(Modes, ReservationObserver, ::testing::ValuesIn(kModes),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

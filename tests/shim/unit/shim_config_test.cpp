@@ -16,7 +16,7 @@ using cuarena::shim::ShimConfig;
 TEST(ShimConfig, DefaultsWhenEmpty) {
   const ShimConfig c = ShimConfig::parse("");
   EXPECT_EQ(c.memory_limit, 0u);
-  EXPECT_EQ(c.pending_free_bytes, std::size_t{64} << 20);
+  EXPECT_EQ(c.pending_free_bytes, std::size_t{1} << 30);
   EXPECT_EQ(c.core, cuarena::Config{});
 }
 

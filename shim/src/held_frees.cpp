@@ -1,0 +1,19 @@
+#include "held_frees.hpp"
+
+namespace cuarena::shim {
+
+bool HeldFrees::hold(DevicePtr ptr, std::size_t bytes) {
+  if (!held_set_.insert(ptr).second) return false;
+  held_.push_back({ptr, bytes});
+  bytes_ += bytes;
+  return true;
+}
+
+void HeldFrees::take_all(std::vector<Freed>& out) {
+  out.insert(out.end(), held_.begin(), held_.end());
+  held_.clear();
+  held_set_.clear();
+  bytes_ = 0;
+}
+
+}  // namespace cuarena::shim
