@@ -106,8 +106,14 @@ class DeviceState {
   FenceCounters fence_counters() const;
 
  private:
+  /// A block cuarena has mapped for `bytes` while frees are held, or nullptr: fence them.
+  void* allocate_cached(std::size_t bytes, StreamId stream);
   void start_monitor();
-  void fence_and_release();             // requires mu_: release_held()
+  void fence_and_release();  // requires mu_: release_held()
+
+  /// While frees are held, a cached block more than this many times the request is split for it
+  /// only if no held block would fit within that (bench/shim/held_frees_sim.cpp).
+  static constexpr std::size_t kSnug = 4;
   void forget(DevicePtr ptr);           // requires mu_
   std::uint64_t id_of(DevicePtr base);  // requires mu_: buffer_id()'s answer
 

@@ -5,7 +5,7 @@
 // every command issued before it, so a block freed before the fence may be reused at once, with
 // no host wait:
 //   1. what a non-blocking stream has queued (and a destroyed stream's last event until it
-//      completes), the legacy stream waits for: one event each, idle streams skipped;
+//      completes), the legacy stream waits for: one event each;
 //   2. one event on the legacy stream: it completes only after every earlier command of every
 //      blocking stream (CUDA's implicit synchronisation), and, after 1., of every stream;
 //   3. every live non-blocking stream waits for that event; a blocking stream's later commands

@@ -53,11 +53,14 @@ class Allocator {
   /// waiting for outstanding events) when the device limit cannot accommodate it.
   void* allocate(std::size_t bytes, StreamId stream);
 
-  /// As allocate(), but only from physical memory already reserved: returns nullptr, creating
-  /// nothing, where serving `bytes` would need more (or past the limit). Mapping and unmapping
-  /// granules already held may still happen. For callers holding frees back (the shim's fenced
-  /// frees): they make those reusable only when this fails. Throws nothing but std::bad_alloc.
-  void* allocate_reserved(std::size_t bytes, StreamId stream);
+  /// As allocate(), but only a block already mapped: one the cache holds (a free block with every
+  /// granule mapped, or a free slab slot), with no driver call. Returns nullptr where allocate()
+  /// would map, create or reserve anything, and then nothing has changed: the same call to
+  /// allocate() gets what it would have got without this one. `max_block`: a free block larger
+  /// than this (and than the request) is not split for it either. Loop plans do not serve it.
+  /// For callers holding frees back (the shim's held frees): they give those back when this
+  /// fails, where the request may fit one of them better. Throws nothing but std::bad_alloc.
+  void* allocate_cached(std::size_t bytes, StreamId stream, std::size_t max_block = SIZE_MAX);
 
   /// Frees a block from allocate(). The block is reusable at once on its allocation stream, and
   /// on other streams after the events that guard it complete. nullptr is ignored. Throws

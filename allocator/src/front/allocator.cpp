@@ -75,8 +75,10 @@ class Allocator::Impl final : private detail::PlanServer::Host {
     }
   }
 
-  /// `may_grow` false: nullptr instead of creating physical memory (allocate_reserved()).
-  void* allocate(std::size_t bytes, StreamId stream, bool may_grow) {
+  /// `cached_only`: nullptr where a block would have to be mapped, or one larger than
+  /// `max_block` split (allocate_cached()).
+  void* allocate(std::size_t bytes, StreamId stream, bool cached_only,
+                 std::size_t max_block = SIZE_MAX) {
     if (bytes == 0) return nullptr;
     const bool small = bytes <= config_.small_limit;
     std::size_t cls = 0;
@@ -104,27 +106,28 @@ class Allocator::Impl final : private detail::PlanServer::Host {
     {
       std::lock_guard lock(mu_);
       CUARENA_EXPENSIVE(check_structures());
-      const detail::GrowthScope growth(ctx_, may_grow);
+      const detail::CachedOnlyScope scope(ctx_, cached_only, max_block);
       if (!pending_.empty()) process_pending(false);
-      if (rec.size != 0) ptr = plans_.serve(rec, stream);
+      // (A loop plan backs its range as it serves: not from the cache.)
+      if (rec.size != 0 && !cached_only) ptr = plans_.serve(rec, stream);
       if (ptr != 0) {
         // served by the loop plan
       } else if (small) {
         ptr = slabs_.allocate(cls, stream, rec.slab);
-        if (ptr == 0 && may_grow) {
+        if (ptr == 0 && !cached_only) {
           reclaim();
           ptr = slabs_.allocate(cls, stream, rec.slab);
         }
       } else if (rec.size != 0) {
         rec.block = pool_.try_allocate(rec.size, stream);
-        if (rec.block == nullptr && may_grow && rec.size <= ctx_.limit) {  // else no wait helps
+        if (rec.block == nullptr && !cached_only && rec.size <= ctx_.limit) {  // else no wait helps
           reclaim();
           rec.block = pool_.try_allocate(rec.size, stream);
         }
         ptr = rec.block ? rec.block->addr : 0;
       }
       if (ptr == 0) {
-        if (!may_grow) return nullptr;
+        if (cached_only) return nullptr;
         throw out_of_memory(bytes, stream);
       }
 
@@ -483,10 +486,10 @@ Allocator::Allocator(DeviceBackend& backend, Config config)
 // The observer is dropped first: whoever set it may be going away too.
 Allocator::~Allocator() { impl_->set_reservation_observer(nullptr); }
 void* Allocator::allocate(std::size_t bytes, StreamId stream) {
-  return impl_->allocate(bytes, stream, /*may_grow=*/true);
+  return impl_->allocate(bytes, stream, /*cached_only=*/false);
 }
-void* Allocator::allocate_reserved(std::size_t bytes, StreamId stream) {
-  return impl_->allocate(bytes, stream, /*may_grow=*/false);
+void* Allocator::allocate_cached(std::size_t bytes, StreamId stream, std::size_t max_block) {
+  return impl_->allocate(bytes, stream, /*cached_only=*/true, max_block);
 }
 void Allocator::deallocate(void* ptr) { impl_->deallocate(ptr); }
 void Allocator::record_stream(void* ptr, StreamId stream) { impl_->record_stream(ptr, stream); }

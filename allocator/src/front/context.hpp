@@ -1,7 +1,6 @@
 // State shared by the parts of one Allocator: the backend, the statistics, and the limits.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -48,9 +47,10 @@ struct Context {
     if (on_reservation) on_reservation(bytes, address);
   }
 
-  /// False while an allocation may use only memory already held (Allocator::allocate_reserved):
-  /// then ceiling() is reserved() and every creation of physical memory is refused.
-  bool may_grow = true;
+  /// True while an allocation may take only a block already mapped (Allocator::allocate_cached):
+  /// the pool then neither backs, maps, creates nor reserves anything.
+  bool cached_only = false;
+  std::size_t cached_max_block = SIZE_MAX;  ///< cached_only: the largest free block it may split
 
   void add_reserved(Pool pool, std::int64_t bytes) {
     auto& r = stats.reserved_bytes;
@@ -65,20 +65,22 @@ struct Context {
   std::size_t reserved() const {
     return std::size_t(stats.reserved_bytes[int(Pool::kAll)].current);
   }
-  /// Most physical bytes that may be held after the call in progress: the limit, or what is
-  /// held already while growing is not allowed. Creations check this; heuristics that scale
-  /// with the device (memory first's turn, the defrag threshold) keep using `limit`.
-  std::size_t ceiling() const { return may_grow ? limit : std::min(limit, reserved()); }
 };
 
-/// Context::may_grow for one allocation (under the device lock); true again when it ends, also by
-/// an exception.
-class GrowthScope {
+/// Context::cached_only for one allocation (under the device lock); false again when it ends,
+/// also by an exception.
+class CachedOnlyScope {
  public:
-  GrowthScope(Context& ctx, bool may_grow) : ctx_(ctx) { ctx_.may_grow = may_grow; }
-  ~GrowthScope() { ctx_.may_grow = true; }
-  GrowthScope(const GrowthScope&) = delete;
-  GrowthScope& operator=(const GrowthScope&) = delete;
+  CachedOnlyScope(Context& ctx, bool cached_only, std::size_t max_block) : ctx_(ctx) {
+    ctx_.cached_only = cached_only;
+    ctx_.cached_max_block = max_block;
+  }
+  ~CachedOnlyScope() {
+    ctx_.cached_only = false;
+    ctx_.cached_max_block = SIZE_MAX;
+  }
+  CachedOnlyScope(const CachedOnlyScope&) = delete;
+  CachedOnlyScope& operator=(const CachedOnlyScope&) = delete;
 
  private:
   Context& ctx_;

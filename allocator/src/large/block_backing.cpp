@@ -168,7 +168,7 @@ void BlockPool::alias_own(Backing& r, StreamId stream, std::size_t threshold) {
   const std::size_t want = std::min(left, inner_open);
   // Aliasing cannot be undone until the sweep: only start if it lets the request fit.
   if (want > 0 &&
-      ctx_.reserved() + shortfall(r, r.packed + idle + aliasable(sp, want)) <= ctx_.ceiling())
+      ctx_.reserved() + shortfall(r, r.packed + idle + aliasable(sp, want)) <= ctx_.limit)
     alias(sp, want, r.aliases);
 }
 

@@ -50,8 +50,8 @@ Block* BlockPool::new_segment(std::size_t min_size, StreamId stream) {
   const std::size_t g = ctx_.granule;
   std::size_t bytes =
       std::max(segment_size(min_size, tuning::segment_rule(g)), round_up(min_size, g));
-  if (ctx_.reserved() + bytes > ctx_.ceiling()) bytes = round_up(min_size, g);
-  if (ctx_.reserved() + bytes > ctx_.ceiling()) return nullptr;
+  if (ctx_.reserved() + bytes > ctx_.limit) bytes = round_up(min_size, g);
+  if (ctx_.reserved() + bytes > ctx_.limit) return nullptr;
   std::unique_ptr<Arena> a = mappings_.allocate_segment(bytes, stream);
   if (a == nullptr) return nullptr;
   arenas_.push_back(std::move(a));
@@ -82,6 +82,12 @@ Block* BlockPool::split_allocated(Block* b, DevicePtr at) {
   return r;
 }
 
+bool BlockPool::needs_backing(const Block* b) const {
+  // A shared block can lack granules; placed unified, an owned one can too (it may have
+  // absorbed a shared neighbour); a lazy one can in both modes.
+  return b->shared || index_.unified() || b->lazy;
+}
+
 Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if (size > ctx_.limit) return nullptr;  // can never fit: do not even reserve address space
   sharing_.settle();
@@ -90,10 +96,15 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if (sp.free.lower_bound(size) == sp.free.end()) sharing_.poll_sweeps();
   bool mapped = false;  // the placement found every granule of the range active
   Block* b = placement().place(sp, size, mapped);
+  // allocate_cached(): a block that needs no backing, else nothing is taken or made.
+  if (ctx_.cached_only && (b == nullptr || (needs_backing(b) && !mapped) ||
+                           b->size > std::max(size, ctx_.cached_max_block)))
+    return nullptr;
   if (b == nullptr) b = new_arena(size, stream);
   if (b == nullptr) return nullptr;  // a segment backend refused
   // Detach b (marked allocated) before anything can coalesce it away, and split off the
   // remainder first, so its cached granules can be defragmented for this very request.
+  const bool backing = needs_backing(b);
   const bool was_shared = b->shared;
   const bool was_warm = Lru::contains(b);
   Block* fifo_pos = was_shared ? nullptr : Fifo::next(b);
@@ -101,10 +112,7 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   if (b->size > size)
     index_.insert(index_.split_off(b, b->addr + size), fifo_pos, was_shared || was_warm);
   b->allocated = true;
-  // A shared block can lack granules; placed unified, an owned one can too (it may have
-  // absorbed a shared neighbour); a lazy one can in both modes.
-  if ((was_shared || index_.unified() || b->lazy) && !mapped &&
-      !ensure_mapped(b, b->addr, size, stream)) {
+  if (backing && !mapped && !ensure_mapped(b, b->addr, size, stream)) {
     b->allocated = false;
     index_.reinsert(coalesce(b));  // with its old free_seq: in order, not newest
     return nullptr;

@@ -65,7 +65,7 @@ const std::vector<PhysicalMemory::Mapping>& PhysicalMemory::dormant(PhysRef p) c
 
 PhysRef PhysicalMemory::create(std::size_t granules, bool whole) {
   const std::size_t bytes = granules * ctx_.granule;
-  if (ctx_.reserved() + bytes > ctx_.ceiling()) return {};
+  if (ctx_.reserved() + bytes > ctx_.limit) return {};
   const PhysHandle h =
       whole ? ctx_.backend.create_whole_physical(bytes) : ctx_.backend.create_physical(bytes);
   if (h == 0) return {};

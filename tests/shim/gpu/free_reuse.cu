@@ -15,12 +15,14 @@
 //                           from cudaMalloc, cuMemAlloc_v2, or cudaMallocAsync on B. Under
 //                           --expect-shim the free must also return while A still runs (the
 //                           shim's free does not synchronise the device).
-//   blocking_<how>          the same with no non-blocking stream alive, where the shim hands X
-//                           out again at once (under --expect-shim Y must be X) and relies on
-//                           CUDA's implicit synchronisation with the legacy stream: A and B both
+//   blocking_<how>          the same with blocking streams, where the fence relies on CUDA's
+//                           implicit synchronisation with the legacy stream: A and B both
 //                           blocking streams; A the legacy stream and B blocking; and B a
 //                           non-blocking stream created only after Y was handed out (the shim
 //                           must make it wait for the fence).
+// --expect-reuse (run under CUARENA_CONF=pending_free_bytes:1, where every free is fenced at
+// once): Y must be X wherever Y comes from a synchronous allocation, so that every case tests the
+// fence's order rather than an allocator that happened to pick another block.
 //   async_<api>             X from the stream-ordered allocator on A, freed on A; Y allocated on
 //                           B must not be memory A still uses; Z allocated on A again may be X
 //                           (stream order) and is written on A after the kernel: checked too.
@@ -165,7 +167,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 // X from `api`, freed with `api` right after the long kernel's launch; Y from `realloc_api`
 // (on B where stream-ordered).
 void free_then_alloc(Api api, Api realloc_api, std::size_t size, bool expect_shim,
-                     Kind kind = Kind::NonBlocking) {
+                     bool expect_reuse, Kind kind = Kind::NonBlocking) {
   note("free with %s, reallocate with %s, %s blocks", api_name(api), api_name(realloc_api),
        human(size).c_str());
   Streams st(kind);
@@ -197,10 +199,10 @@ void free_then_alloc(Api api, Api realloc_api, std::size_t size, bool expect_shi
            "the free waited for the kernel on A (%.1f ms): under the shim a free must "
            "not synchronise the device",
            free_ms);
-  if (expect_shim && kind != Kind::NonBlocking)
+  if (expect_reuse && realloc_api != Api::RuntimeAsync)
     expect(y == x && alloc_ms < 50.0,
-           "with no non-blocking stream alive the shim should hand X out again at once "
-           "(got %s address after %.1f ms): this case would not test stream order",
+           "with pending_free_bytes:1 the shim should fence at the free and hand X out again "
+           "at once (got %s address after %.1f ms): this case would not test the fence",
            y == x ? "the same" : "another", alloc_ms);
   CHECK(cudaDeviceSynchronize());
 
@@ -267,15 +269,17 @@ void async_cross_stream(Api api, std::size_t size) {
 int main(int argc, char** argv) {
   const char* program = program_name(argc, argv, "shim_free_reuse");
   const bool expect_shim = start(program, argc, argv) && has_flag(argc, argv, "--expect-shim");
+  const bool expect_reuse = expect_shim && has_flag(argc, argv, "--expect-reuse");
   Driver::get();
   for (std::size_t size : {4 * KiB, 8 * MiB}) {
     const std::string sz = size < MiB ? "_small" : "_large";
     run_case(("free_then_alloc_runtime" + sz).c_str(),
-             [&] { free_then_alloc(Api::Runtime, Api::Runtime, size, expect_shim); });
+             [&] { free_then_alloc(Api::Runtime, Api::Runtime, size, expect_shim, expect_reuse); });
     run_case(("free_then_alloc_driver" + sz).c_str(),
-             [&] { free_then_alloc(Api::Driver, Api::Driver, size, expect_shim); });
-    run_case(("free_then_alloc_async_on_b" + sz).c_str(),
-             [&] { free_then_alloc(Api::Runtime, Api::RuntimeAsync, size, expect_shim); });
+             [&] { free_then_alloc(Api::Driver, Api::Driver, size, expect_shim, expect_reuse); });
+    run_case(("free_then_alloc_async_on_b" + sz).c_str(), [&] {
+      free_then_alloc(Api::Runtime, Api::RuntimeAsync, size, expect_shim, expect_reuse);
+    });
     run_case(("async_runtime" + sz).c_str(), [&] { async_cross_stream(Api::RuntimeAsync, size); });
     run_case(("async_driver" + sz).c_str(), [&] { async_cross_stream(Api::DriverAsync, size); });
     run_case(("async_driver_ptsz" + sz).c_str(),
@@ -285,12 +289,14 @@ int main(int argc, char** argv) {
   for (std::size_t size : {4 * KiB, 8 * MiB}) {
     const std::string sz = size < MiB ? "_small" : "_large";
     run_case(("blocking_streams" + sz).c_str(), [&] {
-      free_then_alloc(Api::Runtime, Api::Runtime, size, expect_shim, Kind::Blocking);
+      free_then_alloc(Api::Runtime, Api::Runtime, size, expect_shim, expect_reuse, Kind::Blocking);
     });
-    run_case(("blocking_legacy_a" + sz).c_str(),
-             [&] { free_then_alloc(Api::Driver, Api::Driver, size, expect_shim, Kind::LegacyA); });
+    run_case(("blocking_legacy_a" + sz).c_str(), [&] {
+      free_then_alloc(Api::Driver, Api::Driver, size, expect_shim, expect_reuse, Kind::LegacyA);
+    });
     run_case(("blocking_late_non_blocking_b" + sz).c_str(), [&] {
-      free_then_alloc(Api::Runtime, Api::Runtime, size, expect_shim, Kind::LateNonBlockingB);
+      free_then_alloc(Api::Runtime, Api::Runtime, size, expect_shim, expect_reuse,
+                      Kind::LateNonBlockingB);
     });
   }
   return finish(program);

@@ -157,6 +157,9 @@ run_programs() {
     run_case "$p" "$bin/shim_$p" --expect-no-shim
     shim_case "$p.shim" -- "$bin/shim_$p" --expect-shim
   done
+  # Every free fenced at once: the same block comes back, so each case tests the fence's order.
+  shim_case free_reuse.shim_fence_each_free CUARENA_CONF=pending_free_bytes:1 -- \
+    "$bin/shim_free_reuse" --expect-shim --expect-reuse
   run_case oom "$bin/shim_oom" --expect-no-shim
   shim_case oom.shim_memory_limit CUARENA_CONF=memory_limit:256MiB -- \
     "$bin/shim_oom" --expect-shim --limit 256MiB

@@ -49,14 +49,28 @@ TEST_F(Fences, HeldFreesAreCountedRefusedTwiceAndTakenOldestFirst) {
   EXPECT_TRUE(h.hold(0x1000, 512)) << "freed again after its reuse";
 }
 
-TEST_F(Fences, TheLegacyStreamWaitsForBusyStreamsAndEveryLiveStreamForTheFence) {
+TEST_F(Fences, AHeldFitIsFoundWithinItsBounds) {
+  HeldFrees h;
+  ASSERT_TRUE(h.hold(0x1000, 4096));
+  ASSERT_TRUE(h.hold(0x2000, 1 << 20));
+  EXPECT_TRUE(h.holds_fit(4096, 4096));
+  EXPECT_TRUE(h.holds_fit(1000, 4000 * 4)) << "4096 lies in [1000, 16000]";
+  EXPECT_FALSE(h.holds_fit(5000, 20000)) << "nothing held in [5000, 20000]";
+  EXPECT_TRUE(h.holds_fit(5000, 1 << 20));
+  EXPECT_FALSE(h.holds_fit((1 << 20) + 1, SIZE_MAX));
+  std::vector<HeldFrees::Freed> out;
+  h.take_all(out);
+  EXPECT_FALSE(h.holds_fit(1, SIZE_MAX)) << "nothing held once taken";
+}
+
+TEST_F(Fences, TheLegacyStreamWaitsForNonBlockingStreamsAndTheyForTheFence) {
   StreamRegistry r;
   r.add(stream(0x11), false);  // non-blocking, busy below
   r.add(stream(0x21), false);  // non-blocking, idle
   r.add(stream(0x40), false);  // blocking: ordered by the legacy stream already
   fake::launch(stream(0x11));
   ASSERT_TRUE(r.record_fence());
-  EXPECT_EQ(waits_by(CU_STREAM_LEGACY), 1u) << "for 0x11's queued work only";
+  EXPECT_EQ(waits_by(CU_STREAM_LEGACY), 2u) << "for each non-blocking stream's queued work";
   EXPECT_EQ(waits_by(stream(0x11)), 1u);
   EXPECT_EQ(waits_by(stream(0x21)), 1u) << "an idle stream's later work must follow too";
   EXPECT_EQ(waits_by(stream(0x40)), 0u);
@@ -93,6 +107,7 @@ TEST_F(Fences, ParkedStreamsAreCoveredAndHandedBackAfterTheNewestFence) {
   EXPECT_EQ(r.live_non_blocking(), 0u);
   ASSERT_TRUE(r.record_fence());
   EXPECT_EQ(waits_by(CU_STREAM_LEGACY), 2u) << "the parked stream's and the retired one's work";
+  fake::finish(stream(0x41));
   EXPECT_EQ(waits_by(stream(0x31)), 0u) << "a parked stream gets no new work";
   fake::g_waits.clear();
   EXPECT_EQ(r.reuse(CU_STREAM_NON_BLOCKING, 0), stream(0x31));
