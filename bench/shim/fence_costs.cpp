@@ -1,5 +1,5 @@
 // fence_costs: what the driver calls behind the shim's fences cost the host, per call, on this
-// GPU: the calls a synchronous free's fence makes (stream_registry.cpp, fence_queue.cpp), with
+// GPU: the calls a synchronous free's fence makes (shim/src/stream_registry.cpp), with
 // PyTorch's shape of a context (the legacy stream busy, 32 idle non-blocking streams as one cuDNN
 // handle creates). The figures decide how often a fence may be recorded and which streams it may
 // touch (docs/results.md). Run on a GPU machine: build-gpu/bin/cuarena_fence_costs
