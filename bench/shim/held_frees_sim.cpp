@@ -26,6 +26,7 @@
 namespace {
 
 using namespace cuarena;
+constexpr std::size_t kShimDefaultLimit = 1 * GiB;  // ShimConfig::pending_free_bytes
 
 struct Result {
   std::int64_t peak_reserved = 0;
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
   std::string path, conf;
   double capacity_gib = 141;
   std::size_t snug = 4;
+  double check = -1;
   app.add_option("trace", path, "a PyTorch snapshot, .cuat or CSV trace")->required();
   app.add_option("--config", conf, "cuarena keys for the allocator (as CUARENA_CONF)");
   app.add_option("--capacity-gib", capacity_gib, "simulated device memory, GiB")
@@ -106,6 +108,10 @@ int main(int argc, char** argv) {
   app.add_option("--snug", snug,
                  "while frees are held, a cached block more than this many times the request "
                  "is not split for it (the shim's DeviceState::kSnug; 0: any)");
+  app.add_option("--check", check,
+                 "exit 1 unless, at the shim's default limit (1 GiB), peak reserved is within "
+                 "this fraction of a fence at every free's, with under an eighth of its fences")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   try {
     const Config config = Config::parse(conf);
@@ -117,9 +123,12 @@ int main(int argc, char** argv) {
     std::printf(
         "| held limit | fences | fences per 1000 allocations | served while held | peak "
         "reserved (GiB) | reserved / the job's peak |\n|---|---|---|---|---|---|\n");
+    Result floor, shipped;
     for (const std::size_t limit :
          {std::size_t{0}, 64 * MiB, 256 * MiB, 1 * GiB, 4 * GiB, SIZE_MAX}) {
       const Result r = run(t, config, cap, limit, snug);
+      if (limit == 0) floor = r;
+      if (limit == kShimDefaultLimit) shipped = r;
       const std::string name = limit == 0          ? "0 (at every free)"
                                : limit == SIZE_MAX ? "none"
                                                    : std::to_string(limit / MiB) + " MiB";
@@ -128,6 +137,18 @@ int main(int argc, char** argv) {
           static_cast<unsigned long long>(r.fences), 1000.0 * double(r.fences) / double(r.allocs),
           static_cast<unsigned long long>(r.served_held), double(r.peak_reserved) / double(GiB),
           double(r.peak_reserved) / double(r.peak_requested));
+    }
+    if (check >= 0) {
+      const double over = double(shipped.peak_reserved) / double(floor.peak_reserved) - 1;
+      if (over > check || shipped.fences * 8 >= floor.fences) {
+        std::fprintf(stderr,
+                     "cuarena_held_frees_sim: %s: at the 1 GiB default, peak reserved %+.2f%% "
+                     "over a fence at every free (bound %.2f%%), %llu fences against %llu\n",
+                     path.c_str(), 100 * over, 100 * check,
+                     static_cast<unsigned long long>(shipped.fences),
+                     static_cast<unsigned long long>(floor.fences));
+        return 1;
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cuarena_held_frees_sim: %s\n", e.what());
