@@ -11,7 +11,7 @@
 // of once per free, and never with the host waiting for the device.
 //
 // Thread semantics: every member is safe to call concurrently. Errors: allocate() throws
-// OutOfMemoryError (after waiting for every fenced free and cuarena's own reclaim); the
+// OutOfMemoryError (after fencing every held free and cuarena's own reclaim); the
 // constructor throws BackendError when the device cannot be served (no VMM support, no driver).
 #pragma once
 
@@ -97,11 +97,10 @@ class DeviceState {
 
   /// What the fences cost the host (cumulative; read at exit for the summary line).
   struct FenceCounters {
-    std::uint64_t fences = 0;  ///< fences recorded
-    std::uint64_t reused = 0;  ///< held frees given back to cuarena by them
-    std::uint64_t served_held =
-        0;                      ///< allocations served from cuarena's memory while frees were held
-    std::uint64_t streams = 0;  ///< live non-blocking streams at the last fence
+    std::uint64_t fences = 0;       ///< fences recorded
+    std::uint64_t reused = 0;       ///< held frees given back to cuarena by them
+    std::uint64_t served_held = 0;  ///< allocations served while frees were held
+    std::uint64_t streams = 0;      ///< live non-blocking streams at the last fence
   };
   FenceCounters fence_counters() const;
 

@@ -141,9 +141,9 @@ class BlockPool {
   }
   /// FreeIndex::coalesce under the pool's rules: owed blocks wait (Sharing), an owned block
   /// absorbs the shared neighbours its placement takes in (any, in segment mode).
+  Block* coalesce(Block* b);
   /// Whether b may lack granules, so that placing it must check (ensure_mapped).
   bool needs_backing(const Block* b) const;
-  Block* coalesce(Block* b);
   /// Turns owned free or retired block b (still indexed) into a shared one: drops a retired
   /// block's alias, clears its stamps, coalesces it (Sharing calls it).
   void make_shared(Block* b);
