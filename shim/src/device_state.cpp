@@ -37,6 +37,7 @@ DeviceState::DeviceState(CUcontext context, int device, const ShimConfig& config
     : context_(context),
       device_(device),
       hold_limit_(config.pending_free_bytes),
+      snug_factor_(config.snug_factor),
       trace_(trace),
       backend_(device, config.memory_limit, context),
       alloc_(backend_, config.core) {
@@ -96,7 +97,8 @@ void* DeviceState::allocate(std::size_t bytes, StreamId stream) {
 
 void* DeviceState::allocate_cached(std::size_t bytes, StreamId stream) {
   SpentTimer timer(Shim::Part::kCore);
-  const std::size_t snug = bytes > SIZE_MAX / kSnug ? SIZE_MAX : bytes * kSnug;
+  if (snug_factor_ == 0) return alloc_.allocate_cached(bytes, stream);
+  const std::size_t snug = bytes > SIZE_MAX / snug_factor_ ? SIZE_MAX : bytes * snug_factor_;
   if (void* p = alloc_.allocate_cached(bytes, stream, snug)) return p;
   {
     std::lock_guard lock(mu_);

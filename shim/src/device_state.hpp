@@ -110,15 +110,16 @@ class DeviceState {
   void start_monitor();
   void fence_and_release();  // requires mu_: release_held()
 
-  /// While frees are held, a cached block more than this many times the request is split for it
-  /// only if no held block would fit within that (bench/shim/held_frees_sim.cpp).
-  static constexpr std::size_t kSnug = 4;
   void forget(DevicePtr ptr);           // requires mu_
   std::uint64_t id_of(DevicePtr base);  // requires mu_: buffer_id()'s answer
 
   CUcontext context_;
   int device_;
   std::size_t hold_limit_;  // ShimConfig::pending_free_bytes
+  // While frees are held, a cached block more than this many times the request is split for it
+  // only if no held block would fit within that; 0: no bound (ShimConfig::snug_factor,
+  // bench/shim/held_frees_sim.cpp).
+  std::size_t snug_factor_;
   TraceRecorder* trace_;
   CudaVmmBackend backend_;
   Allocator alloc_;

@@ -51,6 +51,26 @@ CUARENA_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph
 CUARENA_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph);
 CUARENA_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
 
+// Virtual memory management (hooks_vmm.cpp).
+CUARENA_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                                  const CUmemAllocationProp* prop, unsigned long long flags);
+CUARENA_HOOK CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                          CUdeviceptr addr, unsigned long long flags);
+CUARENA_HOOK CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                               CUmemGenericAllocationHandle handle, unsigned long long flags);
+CUARENA_HOOK CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                                     size_t count);
+CUARENA_HOOK CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUARENA_HOOK CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
+CUARENA_HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+CUARENA_HOOK CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr);
+CUARENA_HOOK CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                             CUmemGenericAllocationHandle handle);
+CUARENA_HOOK CUresult cuMemExportToShareableHandle(void* shareable,
+                                                   CUmemGenericAllocationHandle handle,
+                                                   CUmemAllocationHandleType type,
+                                                   unsigned long long flags);
+
 // Resolvers (interpose.cpp).
 CUARENA_HOOK void* dlsym(void* handle, const char* name) noexcept;
 CUARENA_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,

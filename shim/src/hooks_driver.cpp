@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "driver_hook.hpp"
 #include "hooks.hpp"
 #include "ipc_ticket.hpp"
 #include "real_driver.hpp"
@@ -17,27 +18,6 @@ using namespace cuarena::shim;
 
 namespace {
 const RealDriver& real() { return RealDriver::get(); }
-
-/// Runs a hook's body; an exception (out of host memory) must not cross into C.
-template <class Body>
-CUresult guarded(const char* call, Body&& body) {
-  try {
-    return body();
-  } catch (const std::exception& e) {
-    Shim::get().log("%s: %s", call, e.what());
-    return CUDA_ERROR_UNKNOWN;
-  }
-}
-
-/// `served`, or the real call when the shim does not serve it.
-template <class Pass>
-CUresult or_pass(const char* call, std::optional<CUresult> served, Pass&& pass) {
-  if (served) return *served;
-  Shim& shim = Shim::get();
-  shim.passed();
-  if (shim.logging()) shim.log("%s passed through", call);
-  return pass();
-}
 
 /// The allocation holding `ptr` in any state: kFound with its base and requested size.
 DeviceState::Lookup find_range(CUdeviceptr ptr, DevicePtr& base, std::size_t& size,

@@ -25,7 +25,7 @@ struct Served {
   bool driver;  // a libcuda symbol (else the runtime's)
 };
 
-constexpr std::size_t kServed = 33;
+constexpr std::size_t kServed = 43;
 
 __attribute__((no_sanitize("address"))) const std::array<Served, kServed>& served() {
   static const std::array<Served, kServed> table = {{
@@ -47,6 +47,18 @@ __attribute__((no_sanitize("address"))) const std::array<Served, kServed>& serve
       {"cuIpcGetMemHandle", reinterpret_cast<void*>(&cuIpcGetMemHandle), true},
       {"cuIpcOpenMemHandle_v2", reinterpret_cast<void*>(&cuIpcOpenMemHandle_v2), true},
       {"cuIpcCloseMemHandle", reinterpret_cast<void*>(&cuIpcCloseMemHandle), true},
+      {"cuMemCreate", reinterpret_cast<void*>(&cuMemCreate), true},
+      {"cuMemAddressReserve", reinterpret_cast<void*>(&cuMemAddressReserve), true},
+      {"cuMemMap", reinterpret_cast<void*>(&cuMemMap), true},
+      {"cuMemSetAccess", reinterpret_cast<void*>(&cuMemSetAccess), true},
+      {"cuMemUnmap", reinterpret_cast<void*>(&cuMemUnmap), true},
+      {"cuMemAddressFree", reinterpret_cast<void*>(&cuMemAddressFree), true},
+      {"cuMemRelease", reinterpret_cast<void*>(&cuMemRelease), true},
+      {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&cuMemRetainAllocationHandle), true},
+      {"cuMemGetAllocationPropertiesFromHandle",
+       reinterpret_cast<void*>(&cuMemGetAllocationPropertiesFromHandle), true},
+      {"cuMemExportToShareableHandle", reinterpret_cast<void*>(&cuMemExportToShareableHandle),
+       true},
       {"cuStreamCreate", reinterpret_cast<void*>(&cuStreamCreate), true},
       {"cuStreamCreateWithPriority", reinterpret_cast<void*>(&cuStreamCreateWithPriority), true},
       {"cuStreamDestroy_v2", reinterpret_cast<void*>(&cuStreamDestroy_v2), true},

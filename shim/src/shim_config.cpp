@@ -61,6 +61,9 @@ const ConfigTable<ShimConfig>& ShimConfig::table() {
       device_size_key("pending_free_bytes", &ShimConfig::pending_free_bytes,
                       "freed bytes that may wait for the device before an allocation waits for "
                       "them"),
+      uint_key("snug_factor", &ShimConfig::snug_factor, 0, 1024,
+               "while frees are held, a cached block more than this many times a request is "
+               "split for it only if no held block fits within that (0: any cached block)"),
   };
   return rows;
 }

@@ -5,6 +5,10 @@
 //                                                64GiB / 80GB); default: the whole device
 //                       pending_free_bytes:SIZE  synchronously freed bytes held before a free
 //                                                fences them (default 1 GiB; held_frees.hpp)
+//                       snug_factor:N            while frees are held, a cached block more than
+//                                                N times a request is split for it only if no
+//                                                held block fits within N times (default 4;
+//                                                0: any cached block serves, never a fence)
 //   CUARENA_LOG       1 (or stderr): one stderr line per event; a path: those lines appended there
 //   CUARENA_SUMMARY   1: one line at exit (peaks, ratio, calls served and passed through)
 //   CUARENA_TRACE     path: the allocations recorded as a .cuat trace at exit (cuarena replay)
@@ -24,6 +28,7 @@ struct ShimConfig {
   Config core;                   ///< the core's keys of CUARENA_CONF
   std::size_t memory_limit = 0;  ///< bytes per device; 0: the device's memory
   std::size_t pending_free_bytes = std::size_t{1} << 30;  ///< held frees that force a fence
+  std::size_t snug_factor = 4;                            ///< see CUARENA_CONF above; 0: no bound
   std::string log_path;                                   ///< "" off, "-" stderr, else a file
   bool summary = false;
   std::string trace_path;  ///< "" off

@@ -33,20 +33,6 @@ namespace {
 
 constexpr std::size_t kBlock = 64 * MiB;
 
-std::size_t parse_size(const char* s) {
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  std::size_t unit = 1;
-  if (std::strcmp(end, "KiB") == 0)
-    unit = KiB;
-  else if (std::strcmp(end, "MiB") == 0)
-    unit = MiB;
-  else if (std::strcmp(end, "GiB") == 0)
-    unit = 1024 * MiB;
-  else if (*end != '\0')
-    die("--limit %s: give bytes, or a number with KiB, MiB or GiB", s);
-  return std::size_t(v * double(unit));
-}
 
 struct Limits {
   std::size_t cap = 0;     // the expected cap in bytes; 0: none but the device's memory
@@ -234,7 +220,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   g.device = prop.totalGlobalMem;
-  if (const char* v = flag_value(argc, argv, "--limit")) g.cap = parse_size(v);
+  if (const char* v = flag_value(argc, argv, "--limit")) g.cap = parse_size("--limit", v);
   if (const char* v = flag_value(argc, argv, "--limit-fraction"))
     g.cap = std::size_t(std::strtod(v, nullptr) * double(g.device));
   std::printf("%s: expecting %s\n", program,

@@ -23,7 +23,8 @@
 # "N passed, N failed". Exit 0 when nothing failed, 77 when no CUDA device is visible (the first
 # program says so; CTest counts that as skipped), 1 otherwise.
 # Environment: PYTHON (python3), COMPUTE_SANITIZER (compute-sanitizer), SHIM_STRESS_MEMCHECK_OPS
-# (operations a thread for the stress under memcheck, 2500: 20,000 in all).
+# (operations a thread for the stress under memcheck, 2500: 20,000 in all), SHIM_CHURN_MAX_RATIO
+# (1.10: the churn case's bound on the shim's peak reserved over the program's peak live bytes).
 set -uo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: $0 BUILD_DIR OUT_DIR [programs] [jobs] [bench]" >&2
@@ -141,6 +142,29 @@ caught_case() {
   record "$name" 0
 }
 
+# churn_case NAME MAX_RATIO -- COMMAND...: shim_case, and the summary's peak_reserved_bytes at most
+# MAX_RATIO times the peak_live_bytes=N line COMMAND prints.
+churn_case() {
+  local name=$1 max=$2
+  shift 3
+  summary_case "$name" "${preload[@]}" "$@"
+  local log=$logs/$name.log reserved live
+  reserved=$(grep -m1 -o 'peak_reserved_bytes=[0-9]*' "$log" | cut -d= -f2)
+  live=$(grep -m1 -o '^peak_live_bytes=[0-9]*' "$log" | cut -d= -f2)
+  if [ -z "$reserved" ] || [ -z "$live" ] || [ "$live" -eq 0 ]; then
+    failed=$((failed + 1))
+    echo "FAIL $name.ratio (no peak_reserved_bytes or peak_live_bytes in $log)"
+  elif awk -v r="$reserved" -v l="$live" -v m="$max" 'BEGIN { exit !(r / l <= m) }'; then
+    passed=$((passed + 1))
+    echo "PASS $name.ratio ($(awk -v r="$reserved" -v l="$live" 'BEGIN { printf "%.4f", r / l }')" \
+      "= $reserved / $live <= $max)"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name.ratio ($(awk -v r="$reserved" -v l="$live" 'BEGIN { printf "%.4f", r / l }')" \
+      "= $reserved / $live > $max)"
+  fi
+}
+
 run_programs() {
   # Without a device every program skips: say so once and stop.
   run_case basic_static "$bin/shim_basic_static" --expect-no-shim
@@ -153,10 +177,16 @@ run_programs() {
   run_case basic_shared "$bin/shim_basic_shared" --expect-no-shim
   shim_case basic_shared.shim -- "$bin/shim_basic_shared" --expect-shim
   local p
-  for p in free_reuse ranges ipc stress; do
+  for p in free_reuse ranges ipc stress vmm; do
     run_case "$p" "$bin/shim_$p" --expect-no-shim
     shim_case "$p.shim" -- "$bin/shim_$p" --expect-shim
   done
+  # Churn: 4 non-blocking streams, 1 KiB .. 256 MiB, half of them cudaMalloc/cudaFree, frees while
+  # kernels still run. The shim's peak reserved over the program's own peak live bytes (held
+  # frees count as waste here, not as requested).
+  churn_case stress.shim_churn "${SHIM_CHURN_MAX_RATIO:-1.10}" -- "$bin/shim_stress" \
+    --expect-shim --threads 4 --ops 3000 --max-live 24 --min-size 1KiB --max-size 256MiB \
+    --sync-percent 50
   # Every free fenced at once: the same block comes back, so each case tests the fence's order.
   shim_case free_reuse.shim_fence_each_free CUARENA_CONF=pending_free_bytes:1 -- \
     "$bin/shim_free_reuse" --expect-shim --expect-reuse

@@ -216,6 +216,22 @@ inline const char* flag_value(int argc, char** argv, const char* flag) {
   return nullptr;
 }
 
+// A flag's size: bytes, or a number with KiB, MiB or GiB ("256MiB", "1.5GiB").
+inline std::size_t parse_size(const char* flag, const char* s) {
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  std::size_t unit = 1;
+  if (std::strcmp(end, "KiB") == 0)
+    unit = KiB;
+  else if (std::strcmp(end, "MiB") == 0)
+    unit = MiB;
+  else if (std::strcmp(end, "GiB") == 0)
+    unit = 1024 * MiB;
+  else if (*end != '\0' || end == s || v < 0)
+    die("%s %s: give bytes, or a number with KiB, MiB or GiB", flag, s);
+  return std::size_t(v * double(unit));
+}
+
 // The shim exports cuarena_preload_version; nothing else in a process does.
 inline bool shim_present() { return dlsym(RTLD_DEFAULT, "cuarena_preload_version") != nullptr; }
 

@@ -12,6 +12,10 @@
 // touching memory the shim has unmapped is an error there.
 // Flags: --threads N (8), --ops N (operations a thread, 20000), --seed N, --max-live N (live
 // blocks a thread, 48), and --expect-shim / --expect-no-shim.
+// Churn mode: --min-size B --max-size B draw every size log-uniformly from [B, B] instead, and
+// --sync-percent P sets the share of cudaMalloc/cudaFree (15). The program prints
+// "peak_live_bytes=N": the most bytes its threads held at once (counted after an allocation
+// returns, before its free is issued), the denominator of tests/shim/gpu/run.sh's churn ratio.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,6 +35,20 @@ struct Options {
   long ops = 20000;  // a thread
   std::uint64_t seed = 7;
   std::size_t max_live = 48;
+  std::size_t min_size = 0, max_size = 0;  // churn mode when max_size != 0
+  int sync_percent = 15;
+};
+
+// Bytes the program holds now and at most (all threads).
+struct LiveBytes {
+  std::atomic<std::size_t> now{0}, peak{0};
+  void add(std::size_t n) {
+    const std::size_t v = now.fetch_add(n) + n;
+    std::size_t p = peak.load();
+    while (v > p && !peak.compare_exchange_weak(p, v)) {
+    }
+  }
+  void sub(std::size_t n) { now.fetch_sub(n); }
 };
 
 struct Block {
@@ -75,7 +93,7 @@ struct ThreadResult {
   long allocs = 0, frees = 0, sync_api = 0;
 };
 
-void worker(int t, const Options& o, LiveMap& map, unsigned long long* errors,
+void worker(int t, const Options& o, LiveMap& map, LiveBytes& bytes, unsigned long long* errors,
             ThreadResult& result) {
   CHECK(cudaSetDevice(0));
   cudaStream_t s;
@@ -83,6 +101,8 @@ void worker(int t, const Options& o, LiveMap& map, unsigned long long* errors,
   std::mt19937_64 rng(o.seed * 1000 + t);
   std::uniform_real_distribution<double> small(std::log(512.0), std::log(double(MiB)));
   std::uniform_real_distribution<double> large(std::log(double(MiB)), std::log(16.0 * MiB));
+  std::uniform_real_distribution<double> churn(std::log(double(std::max<std::size_t>(o.min_size, 1))),
+                                               std::log(double(std::max<std::size_t>(o.max_size, 1))));
   std::vector<Block> live;
   std::uint32_t counter = 0;
   auto release = [&](std::size_t i) {
@@ -95,6 +115,7 @@ void worker(int t, const Options& o, LiveMap& map, unsigned long long* errors,
     }
     verify_bytes(b.p, b.size, b.tag, errors + t, s);
     map.remove(b);  // before the free: another thread may get the address at once
+    bytes.sub(b.size);
     if (b.async)
       CHECK(cudaFreeAsync(b.p, s));
     else
@@ -109,9 +130,12 @@ void worker(int t, const Options& o, LiveMap& map, unsigned long long* errors,
       continue;
     }
     Block b;
-    b.size = std::size_t(std::exp(rng() % 100 < 85 ? small(rng) : large(rng)));
+    if (o.max_size != 0)
+      b.size = std::clamp(std::size_t(std::exp(churn(rng))), o.min_size, o.max_size);
+    else
+      b.size = std::size_t(std::exp(rng() % 100 < 85 ? small(rng) : large(rng)));
     b.tag = (std::uint32_t(t) << 24) | (counter++ & 0xffffff);
-    b.async = rng() % 100 < 85;
+    b.async = int(rng() % 100) >= o.sync_percent;
     if (b.async) {
       CHECK(cudaMallocAsync(&b.p, b.size, s));
     } else {
@@ -119,6 +143,7 @@ void worker(int t, const Options& o, LiveMap& map, unsigned long long* errors,
       ++result.sync_api;
     }
     ++result.allocs;
+    bytes.add(b.size);
     map.add(b);
     fill_bytes(b.p, b.size, b.tag, s);
     live.push_back(b);
@@ -139,21 +164,32 @@ int main(int argc, char** argv) {
   if (const char* v = flag_value(argc, argv, "--seed")) o.seed = std::strtoull(v, nullptr, 0);
   if (const char* v = flag_value(argc, argv, "--max-live"))
     o.max_live = std::strtoull(v, nullptr, 0);
+  if (const char* v = flag_value(argc, argv, "--min-size")) o.min_size = parse_size("--min-size", v);
+  if (const char* v = flag_value(argc, argv, "--max-size")) o.max_size = parse_size("--max-size", v);
+  if (const char* v = flag_value(argc, argv, "--sync-percent")) o.sync_percent = std::atoi(v);
   if (o.threads < 1 || o.ops < 1 || o.max_live < 1) die("bad --threads/--ops/--max-live");
+  if (o.max_size != 0 && (o.min_size < 1 || o.min_size > o.max_size))
+    die("--min-size must be from 1 to --max-size");
+  if (o.sync_percent < 0 || o.sync_percent > 100) die("--sync-percent must be from 0 to 100");
 
   run_case("threads_alloc_free_verify", [&] {
     note("%d threads, %ld operations each, seed %" PRIu64 ", up to %zu live blocks a thread",
          o.threads, o.ops, o.seed, o.max_live);
+    if (o.max_size != 0)
+      note("sizes %zu .. %zu B log-uniform, %d%% cudaMalloc", o.min_size, o.max_size,
+           o.sync_percent);
     unsigned long long* errors = nullptr;
     CHECK(cudaMalloc(&errors, o.threads * sizeof *errors));
     CHECK(cudaMemset(errors, 0, o.threads * sizeof *errors));
     CHECK(cudaDeviceSynchronize());
     LiveMap map;
+    LiveBytes bytes;
     std::vector<ThreadResult> results(o.threads);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;
     for (int t = 0; t < o.threads; ++t)
-      threads.emplace_back(worker, t, std::cref(o), std::ref(map), errors, std::ref(results[t]));
+      threads.emplace_back(worker, t, std::cref(o), std::ref(map), std::ref(bytes), errors,
+                           std::ref(results[t]));
     for (auto& th : threads) th.join();
     CHECK(cudaDeviceSynchronize());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -171,6 +207,7 @@ int main(int argc, char** argv) {
              t, bad[t]);
     }
     note("%ld allocations (%ld with cudaMalloc) in %.2f s", allocs, sync_api, s);
+    std::printf("peak_live_bytes=%zu\n", bytes.peak.load());
     CHECK(cudaFree(errors));
   });
   return finish(program);

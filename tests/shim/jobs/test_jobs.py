@@ -152,6 +152,28 @@ def test_jax_platform_allocator(tmp_path):
     shim = run(tmp_path, "jax-platform-shim", argv, shim=True, env=env)
     assert results(shim) == results(plain), (
         f"JAX results differ: shim {shim['data']['results']} vs {plain['data']['results']}")
+    # XLA makes every buffer with cuMemCreate + cuMemAddressReserve + cuMemMap: served, they
+    # leave only queries of the driver's own memory (pinned host buffers) to pass through.
+    s = shim["summary"]
+    assert s["calls_passed_through"] <= 0.05 * s["calls_served"], (
+        f"XLA's calls still reach the driver: {s}")
+    assert s["peak_requested_bytes"] >= 16 * MiB, f"XLA's buffers were not served: {s}"
+
+
+def test_jax_bfc_preallocation(tmp_path):
+    """JAX's default allocator (BFC, preallocating a fraction of the device): the preallocation
+    is one served allocation, and the job runs as without the shim."""
+    _need("jax")
+    argv = [str(REPO_ROOT / "bench" / "shim" / "jax_job.py"), "--steps", "8", "--width", "1024"]
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.1"}
+    plain = run(tmp_path, "jax-bfc", argv, shim=False, env=env)
+    shim = run(tmp_path, "jax-bfc-shim", argv, shim=True, env=env)
+    assert results(shim) == results(plain), (
+        f"JAX results differ: shim {shim['data']['results']} vs {plain['data']['results']}")
+    s = shim["summary"]
+    floor = 0.09 * NVML.info()["total_bytes"]
+    assert s["peak_requested_bytes"] >= floor, (
+        f"BFC's preallocation (a tenth of the device) was not served: {s}")
 
 
 def test_cupy_pool_off(tmp_path):

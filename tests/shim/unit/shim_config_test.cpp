@@ -17,6 +17,7 @@ TEST(ShimConfig, DefaultsWhenEmpty) {
   const ShimConfig c = ShimConfig::parse("");
   EXPECT_EQ(c.memory_limit, 0u);
   EXPECT_EQ(c.pending_free_bytes, std::size_t{1} << 30);
+  EXPECT_EQ(c.snug_factor, 4u);
   EXPECT_EQ(c.core, cuarena::Config{});
 }
 
@@ -28,6 +29,8 @@ TEST(ShimConfig, ShimKeysAreTakenOutAndTheRestGoesToTheCore) {
   EXPECT_EQ(c.core.whole_chunk_min, 0u);
   EXPECT_EQ(c.core.dormant_maps, 2u);
   EXPECT_EQ(ShimConfig::parse("memory_limit:80GB").memory_limit, std::size_t{80'000'000'000});
+  EXPECT_EQ(ShimConfig::parse(" snug_factor : 8 ").snug_factor, 8u);
+  EXPECT_EQ(ShimConfig::parse("snug_factor:0").snug_factor, 0u);
 }
 
 TEST(ShimConfig, BadInputNamesTheKey) {
@@ -49,6 +52,7 @@ TEST(ShimConfig, BadInputNamesTheKey) {
   EXPECT_NE(message("memory_limit").find("memory_limit"), std::string::npos);
   EXPECT_NE(message("memory_limit:").find("memory_limit"), std::string::npos);
   EXPECT_NE(message("memory_limit:12zz").find("memory_limit"), std::string::npos);
+  EXPECT_NE(message("snug_factor:2000").find("snug_factor"), std::string::npos);
   EXPECT_NE(message("pending_free_bytes:64TiB").find("larger than any device"), std::string::npos);
   EXPECT_NE(message("memory_limit:1GiB,whole_chunk_min:x").find("whole_chunk_min"),
             std::string::npos);
@@ -116,12 +120,12 @@ TEST(ShimConfig, SwitchesReadOffAndOnWords) {
 
 TEST(ShimConfig, TheShimsKeysAreATableOverTheCoresParser) {
   ASSERT_EQ(cuarena::ConfigTarget::key_names(ShimConfig::table()),
-            (std::vector<std::string>{"memory_limit", "pending_free_bytes"}));
+            (std::vector<std::string>{"memory_limit", "pending_free_bytes", "snug_factor"}));
   ShimConfig c;
   c.memory_limit = std::size_t{3} << 30;
   c.pending_free_bytes = std::size_t{2} << 20;
   const std::string text = cuarena::config_string(ShimConfig::table(), c);
-  EXPECT_EQ(text, "memory_limit:3GiB,pending_free_bytes:2MiB");
+  EXPECT_EQ(text, "memory_limit:3GiB,pending_free_bytes:2MiB,snug_factor:4");
   const ShimConfig back = ShimConfig::parse(text);
   EXPECT_EQ(back.memory_limit, c.memory_limit);
   EXPECT_EQ(back.pending_free_bytes, c.pending_free_bytes);

@@ -1,0 +1,235 @@
+// The driver's virtual memory management calls, served as one cuarena block per
+// cuMemCreate + cuMemAddressReserve + cuMemMap (vmm_tokens.hpp says how), or passed to the
+// driver. Served only for plain device memory: no shareable handle type (NCCL's IPC buffers ask
+// for one and stay the driver's), no allocation flags, on the device of the current context.
+#include <atomic>
+#include <cstring>
+
+#include "driver_hook.hpp"
+#include "hooks.hpp"
+#include "real_driver.hpp"
+#include "serve.hpp"
+#include "shim.hpp"
+#include "vmm_tokens.hpp"
+
+using namespace cuarena;
+using namespace cuarena::shim;
+
+namespace {
+const RealDriver& real() { return RealDriver::get(); }
+
+VmmTokens& tokens() {
+  static VmmTokens* t = new VmmTokens();  // lives as long as the process (hooks run at exit)
+  return *t;
+}
+
+/// The properties of plain device memory on `device`: what the shim serves, and what a served
+/// handle reports.
+CUmemAllocationProp plain_prop(int device) {
+  CUmemAllocationProp p{};
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = device;
+  return p;
+}
+
+/// Whether `prop` asks for plain device memory and nothing more.
+bool plain(const CUmemAllocationProp* prop, unsigned long long flags) {
+  if (prop == nullptr || flags != 0) return false;
+  const CUmemAllocationProp want = plain_prop(prop->location.id);
+  return prop->type == want.type && prop->location.type == want.location.type &&
+         prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE &&
+         prop->win32HandleMetaData == nullptr &&
+         std::memcmp(&prop->allocFlags, &want.allocFlags, sizeof want.allocFlags) == 0;
+}
+
+/// The device's minimum mapping granularity (2 MiB on current GPUs), asked once per device.
+std::size_t granularity(int device) {
+  constexpr int kDevices = 64;
+  static std::atomic<std::size_t> cache[kDevices];
+  std::size_t g = device >= 0 && device < kDevices ? cache[device].load() : 0;
+  if (g != 0) return g;
+  const CUmemAllocationProp p = plain_prop(device);
+  if (real().granularity == nullptr ||
+      real().granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || g == 0)
+    g = std::size_t{2} << 20;
+  if (device >= 0 && device < kDevices) cache[device].store(g);
+  return g;
+}
+
+/// Frees a served block as cuMemFree would (held until a fence orders its reuse).
+CUresult free_block(DevicePtr block) {
+  const std::optional<CUresult> r = serve_free(CUdeviceptr(block), nullptr, Ordering::kSync);
+  return r ? *r : CUDA_ERROR_INVALID_VALUE;
+}
+}  // namespace
+
+CUARENA_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                                  const CUmemAllocationProp* prop, unsigned long long flags) {
+  return guarded("cuMemCreate", [&]() -> CUresult {
+    Shim& shim = Shim::get();
+    DeviceState* s =
+        handle != nullptr && size != 0 && plain(prop, flags) ? shim.current() : nullptr;
+    if (s != nullptr && s->device() == prop->location.id) {
+      *handle = tokens().create(size, s->device());
+      shim.served();
+      if (shim.logging())
+        shim.log("cuMemCreate %zu B device %d: token %#llx", size, s->device(), *handle);
+      return CUDA_SUCCESS;
+    }
+    return or_pass("cuMemCreate", std::nullopt,
+                   [&] { return real().mem_create(handle, size, prop, flags); });
+  });
+}
+
+CUARENA_HOOK CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                          CUdeviceptr addr, unsigned long long flags) {
+  return guarded("cuMemAddressReserve", [&]() -> CUresult {
+    DeviceState* s = ptr != nullptr && addr == 0 && flags == 0 ? Shim::get().current() : nullptr;
+    std::optional<VmmTokens::Handle> h;
+    std::optional<VmmTokens::Token> t;
+    if (s != nullptr && (h = tokens().pending_for(size, granularity(s->device()))) &&
+        (t = tokens().get(*h)) && t->device == s->device()) {
+      CUdeviceptr p = 0;
+      const std::optional<CUresult> r = serve_alloc(&p, t->size, nullptr, Ordering::kSync);
+      if (r && *r != CUDA_SUCCESS) return *r;  // out of memory, as a reservation can be
+      if (r && (alignment == 0 || p % alignment == 0)) {
+        tokens().bind(*h, DevicePtr(p));
+        *ptr = p;
+        return CUDA_SUCCESS;
+      }
+      if (r) free_block(DevicePtr(p));  // misaligned: the token materializes at its map
+    }
+    return or_pass("cuMemAddressReserve", std::nullopt,
+                   [&] { return real().address_reserve(ptr, size, alignment, addr, flags); });
+  });
+}
+
+CUARENA_HOOK CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                               CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  return guarded("cuMemMap", [&]() -> CUresult {
+    Shim& shim = Shim::get();
+    if (!tokens().is_token(handle))
+      return or_pass("cuMemMap", std::nullopt,
+                     [&] { return real().mem_map(ptr, size, offset, handle, flags); });
+    switch (tokens().map(DevicePtr(ptr), size, offset, handle)) {
+      case VmmTokens::Map::kBound:
+        shim.served();
+        return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+      case VmmTokens::Map::kAlias:
+        shim.log("cuMemMap of token %#llx at %#llx: it is another range's memory already", handle,
+                 static_cast<unsigned long long>(ptr));
+        return CUDA_ERROR_NOT_SUPPORTED;
+      case VmmTokens::Map::kMaterialize: {
+        const VmmTokens::Token t = *tokens().get(handle);
+        const CUmemAllocationProp p = plain_prop(t.device);
+        CUmemGenericAllocationHandle made = 0;
+        const CUresult r = real().mem_create(&made, t.size, &p, 0);
+        if (r != CUDA_SUCCESS) return r;
+        tokens().set_real(handle, made);
+        if (shim.logging())
+          shim.log("token %#llx mapped at a range of the driver's: created as %#llx", handle, made);
+        break;
+      }
+      case VmmTokens::Map::kReal:
+        break;
+    }
+    shim.passed();
+    return real().mem_map(ptr, size, offset, tokens().get(handle)->real, flags);
+  });
+}
+
+CUARENA_HOOK CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                                     size_t count) {
+  return guarded("cuMemSetAccess", [&]() -> CUresult {
+    if (const std::optional<VmmTokens::Token> t = tokens().range(DevicePtr(ptr))) {
+      bool own = desc != nullptr && count != 0;
+      for (std::size_t i = 0; own && i < count; ++i)
+        own = desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+              desc[i].location.id == t->device &&
+              desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      Shim::get().served();
+      if (own) return CUDA_SUCCESS;  // cuarena's memory is read-write to its device already
+      // Another device's access: granted on the block's range, as the driver allows it.
+      Shim::get().log("cuMemSetAccess for another device on %#llx (%zu B)",
+                      static_cast<unsigned long long>(ptr), size);
+    }
+    return real().mem_set_access(ptr, size, desc, count);
+  });
+}
+
+CUARENA_HOOK CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  return guarded("cuMemUnmap", [&]() -> CUresult {
+    if (tokens().unmap(DevicePtr(ptr))) {
+      Shim::get().served();
+      return CUDA_SUCCESS;
+    }
+    return or_pass("cuMemUnmap", std::nullopt, [&] { return real().mem_unmap(ptr, size); });
+  });
+}
+
+CUARENA_HOOK CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  return guarded("cuMemAddressFree", [&]() -> CUresult {
+    const VmmTokens::Freed f = tokens().free_range(DevicePtr(ptr));
+    if (!f.ours)
+      return or_pass("cuMemAddressFree", std::nullopt,
+                     [&] { return real().address_free(ptr, size); });
+    Shim::get().served();
+    return f.block != 0 ? free_block(f.block) : CUDA_SUCCESS;
+  });
+}
+
+CUARENA_HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  return guarded("cuMemRelease", [&]() -> CUresult {
+    const VmmTokens::Freed f = tokens().release(handle);
+    if (!f.ours)
+      return or_pass("cuMemRelease", std::nullopt, [&] { return real().mem_release(handle); });
+    if (f.real != 0) return real().mem_release(f.real);
+    Shim::get().served();
+    return f.block != 0 ? free_block(f.block) : CUDA_SUCCESS;
+  });
+}
+
+CUARENA_HOOK CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
+                                                  void* addr) {
+  return guarded("cuMemRetainAllocationHandle", [&]() -> CUresult {
+    if (handle != nullptr) {
+      if (const std::optional<VmmTokens::Handle> h =
+              tokens().retain(DevicePtr(reinterpret_cast<std::uintptr_t>(addr)))) {
+        *handle = *h;
+        Shim::get().served();
+        return CUDA_SUCCESS;
+      }
+    }
+    return or_pass("cuMemRetainAllocationHandle", std::nullopt,
+                   [&] { return real().retain_handle(handle, addr); });
+  });
+}
+
+CUARENA_HOOK CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                             CUmemGenericAllocationHandle handle) {
+  return guarded("cuMemGetAllocationPropertiesFromHandle", [&]() -> CUresult {
+    const std::optional<VmmTokens::Token> t = tokens().get(handle);
+    if (!t)
+      return or_pass("cuMemGetAllocationPropertiesFromHandle", std::nullopt,
+                     [&] { return real().allocation_properties(prop, handle); });
+    if (t->real != 0) return real().allocation_properties(prop, t->real);
+    if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *prop = plain_prop(t->device);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUARENA_HOOK CUresult cuMemExportToShareableHandle(void* shareable,
+                                                   CUmemGenericAllocationHandle handle,
+                                                   CUmemAllocationHandleType type,
+                                                   unsigned long long flags) {
+  return guarded("cuMemExportToShareableHandle", [&]() -> CUresult {
+    const std::optional<VmmTokens::Token> t = tokens().get(handle);
+    if (!t)
+      return or_pass("cuMemExportToShareableHandle", std::nullopt,
+                     [&] { return real().export_handle(shareable, handle, type, flags); });
+    if (t->real != 0) return real().export_handle(shareable, t->real, type, flags);
+    return CUDA_ERROR_INVALID_VALUE;  // created with no shareable handle type, as served ones are
+  });
+}
