@@ -33,7 +33,6 @@ namespace {
 
 constexpr std::size_t kBlock = 64 * MiB;
 
-
 struct Limits {
   std::size_t cap = 0;     // the expected cap in bytes; 0: none but the device's memory
   std::size_t device = 0;  // the device's memory

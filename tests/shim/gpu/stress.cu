@@ -101,8 +101,9 @@ void worker(int t, const Options& o, LiveMap& map, LiveBytes& bytes, unsigned lo
   std::mt19937_64 rng(o.seed * 1000 + t);
   std::uniform_real_distribution<double> small(std::log(512.0), std::log(double(MiB)));
   std::uniform_real_distribution<double> large(std::log(double(MiB)), std::log(16.0 * MiB));
-  std::uniform_real_distribution<double> churn(std::log(double(std::max<std::size_t>(o.min_size, 1))),
-                                               std::log(double(std::max<std::size_t>(o.max_size, 1))));
+  std::uniform_real_distribution<double> churn(
+      std::log(double(std::max<std::size_t>(o.min_size, 1))),
+      std::log(double(std::max<std::size_t>(o.max_size, 1))));
   std::vector<Block> live;
   std::uint32_t counter = 0;
   auto release = [&](std::size_t i) {
@@ -164,8 +165,10 @@ int main(int argc, char** argv) {
   if (const char* v = flag_value(argc, argv, "--seed")) o.seed = std::strtoull(v, nullptr, 0);
   if (const char* v = flag_value(argc, argv, "--max-live"))
     o.max_live = std::strtoull(v, nullptr, 0);
-  if (const char* v = flag_value(argc, argv, "--min-size")) o.min_size = parse_size("--min-size", v);
-  if (const char* v = flag_value(argc, argv, "--max-size")) o.max_size = parse_size("--max-size", v);
+  if (const char* v = flag_value(argc, argv, "--min-size"))
+    o.min_size = parse_size("--min-size", v);
+  if (const char* v = flag_value(argc, argv, "--max-size"))
+    o.max_size = parse_size("--max-size", v);
   if (const char* v = flag_value(argc, argv, "--sync-percent")) o.sync_percent = std::atoi(v);
   if (o.threads < 1 || o.ops < 1 || o.max_live < 1) die("bad --threads/--ops/--max-live");
   if (o.max_size != 0 && (o.min_size < 1 || o.min_size > o.max_size))
