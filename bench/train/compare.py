@@ -129,6 +129,19 @@ def run_command(python: str, allocator: str, route: str, train_args: list[str]) 
     return [python, str(TRAIN)] + train_args
 
 
+def run_logged(cmd: list[str], env: dict, log_path: Path, timeout: float) -> int | str:
+    """Runs `cmd` from the repository root, its output (after the command line) in log_path;
+    the exit status, or "timeout"."""
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        try:
+            return subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout, cwd=REPO_ROOT).returncode
+        except subprocess.TimeoutExpired:
+            return "timeout"
+
+
 def train_once(args, model: str, allocator: str, route: str, lib: str | None,
                out: Path) -> dict:
     res_path = out / f"{model}-{allocator}.json"
@@ -139,16 +152,7 @@ def train_once(args, model: str, allocator: str, route: str, lib: str | None,
                   "--out", str(res_path)]
     cmd = run_command(args.python, allocator, route, train_args)
     t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
-        log.flush()
-        try:
-            proc = subprocess.run(cmd, env=run_env(allocator, route, lib), stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=args.timeout,
-                                  cwd=REPO_ROOT)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+    rc = run_logged(cmd, run_env(allocator, route, lib), log_path, args.timeout)
     wall = time.perf_counter() - t0
     if rc == 0 and res_path.is_file():
         res = json.loads(res_path.read_text())

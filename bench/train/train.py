@@ -23,6 +23,9 @@ Models:
                tokens: a KV cache growing one token per forward, shapes that never repeat.
                Its "loss" is the sum of the generated token ids, and it reports tokens/s.
 
+--memory-cap GIB caps the process (set_per_process_memory_fraction); out of memory then ends the
+run with {"oom": true, ...} in --out and exit status 3 (bench/train/max_batch.py searches on it).
+
 --record-history PATH records PyTorch's allocation history for the whole run
 (torch.cuda.memory._record_memory_history, no stacks) and writes the snapshot there (.pickle or
 .pickle.gz): a trace that `cuarena replay` and `cuarena_steady_state` read.
@@ -65,6 +68,11 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=512, help="sequence length for gpt2 (default 512)")
     p.add_argument("--min-seq", type=int, default=64, help="gpt2_varlen's shortest sequence")
     p.add_argument("--max-seq", type=int, default=1024, help="gpt2_varlen's longest sequence")
+    p.add_argument("--memory-cap", type=float, default=None, metavar="GIB",
+                   help="cap the process at this many GiB "
+                        "(torch.cuda.set_per_process_memory_fraction of the device's total); "
+                        "running out of memory then writes {\"oom\": true, ...} to --out and "
+                        "exits 3")
     p.add_argument("--record-history", default=None, metavar="PATH",
                    help="write PyTorch's allocation history of the run here (a snapshot pickle)")
     return p.parse_args(argv)
@@ -210,17 +218,34 @@ def main(argv=None) -> int:
     torch.cuda.synchronize()
     free0, total_mem = torch.cuda.mem_get_info()
     used_before = total_mem - free0
+    if args.memory_cap is not None:
+        cap = args.memory_cap * (1 << 30)
+        if not 0 < cap <= total_mem:
+            print(f"train.py: --memory-cap {args.memory_cap} GiB is not within the device's "
+                  f"{total_mem / (1 << 30):.1f} GiB", file=sys.stderr)
+            return 2
+        torch.cuda.set_per_process_memory_fraction(cap / total_mem)
 
     if args.record_history:
         torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
                                                  max_entries=50_000_000)
     t_build = time.perf_counter()
-    if args.model == "resnet50":
-        task = ResNetTask(args)
-    elif args.model == "llama_generate":
-        task = GenerateTask(args)
-    else:
-        task = GPT2Task(args, varlen=args.model == "gpt2_varlen")
+    try:
+        if args.model == "resnet50":
+            task = ResNetTask(args)
+        elif args.model == "llama_generate":
+            task = GenerateTask(args)
+        else:
+            task = GPT2Task(args, varlen=args.model == "gpt2_varlen")
+    except torch.OutOfMemoryError:
+        if args.memory_cap is None:
+            raise
+        with open(args.out, "w") as f:
+            json.dump({"oom": True, "model": args.model, "step": -1,
+                       "memory_cap_gib": args.memory_cap}, f, indent=1)
+        print(f"train.py: out of memory building {args.model} under {args.memory_cap} GiB",
+              file=sys.stderr)
+        return 3
     torch.cuda.synchronize()
     build_s = time.perf_counter() - t_build
 
@@ -264,14 +289,25 @@ def main(argv=None) -> int:
 
     driver_us: list[dict] = []
 
-    for _ in range(args.steps):
+    for step in range(args.steps):
         calls_before = calls_so_far()
         mapping_before = mapping_calls_so_far()
         driver_before = driver_us_so_far()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = task.step()
-        loss_value = float(loss.item())
+        try:
+            loss = task.step()
+            loss_value = float(loss.item())
+        except torch.OutOfMemoryError as e:
+            if args.memory_cap is None:
+                raise
+            with open(args.out, "w") as f:
+                json.dump({"oom": True, "model": args.model, "step": step,
+                           "memory_cap_gib": args.memory_cap, "task": task.info(),
+                           "message": str(e).splitlines()[0] if str(e) else ""}, f, indent=1)
+            print(f"train.py: out of memory at step {step} under {args.memory_cap} GiB",
+                  file=sys.stderr)
+            return 3
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(loss_value)
@@ -302,6 +338,7 @@ def main(argv=None) -> int:
         "model": args.model,
         "steps": args.steps,
         "seed": args.seed,
+        "memory_cap_gib": args.memory_cap,
         "losses": losses,
         "step_times_s": times,
         "device_calls_per_step": device_calls,

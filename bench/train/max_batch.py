@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""The largest batch each allocator trains under a memory cap, and the tokens/s there.
+
+    python3 bench/train/max_batch.py --out DIR [--cap-gib 16] [--models gpt2,gpt2_varlen]
+        [--allocators native,expandable,cuarena] [--steps 20] [--max-batch 64]
+
+For each model and allocator, a binary search over the micro-batch size (train.py --batch; 4
+micro-batches a step, as in compare.py's jobs): a batch passes when train.py trains --steps steps
+under --memory-cap without running out of memory (exit 3 is a clean out-of-memory, anything else
+an error that stops the search). Every trial is a fresh process, started as compare.py starts it
+(the same environments and cuarena routes). The search assumes that a batch that fits implies
+every smaller one fits; it checks batch 1 first and doubles up to the first failure, then
+bisects.
+
+Prints a markdown table (model | allocator | largest batch | vs native | tokens/s at it | vs
+native) and writes DIR/max_batch.json (every trial) and DIR/max_batch.md. Exits 1 if a trial
+failed other than by running out of memory. Needs a GPU, torch and transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import compare  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--models", default="gpt2,gpt2_varlen")
+    p.add_argument("--allocators", default=",".join(compare.ALLOCATORS))
+    p.add_argument("--cap-gib", type=float, default=16.0, help="memory cap, GiB (default 16)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--max-batch", type=int, default=64, help="largest batch tried")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=900, help="seconds per trial")
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--cuarena-route", default="auto", choices=("auto", "env", "wrapper", "run"))
+    p.add_argument("--cuarena-lib", default=None)
+    return p.parse_args(argv)
+
+
+def tokens_per_s(res: dict) -> float | None:
+    """Training tokens per second over the run: batch x micro-batches x sequence length of each
+    step, over the steps' summed time."""
+    task = res.get("task") or {}
+    times = res.get("step_times_s") or []
+    seqs = task.get("seq_lens") or []
+    if not times or len(seqs) != len(times) or not task.get("batch"):
+        return None
+    tokens = sum(task["batch"] * task.get("micro_batches", 1) * s for s in seqs)
+    return tokens / sum(times)
+
+
+class Search:
+    """One model under one allocator: trials by batch, and the search over them."""
+
+    def __init__(self, args, model: str, allocator: str, route: str, lib: str | None,
+                 out: Path):
+        self.args, self.model, self.allocator = args, model, allocator
+        self.route, self.lib, self.out = route, lib, out
+        self.trials: dict[int, dict] = {}
+
+    def trial(self, batch: int) -> dict:
+        """Runs train.py at `batch` (once per batch); the result with "fits" set, or "error"."""
+        if batch in self.trials:
+            return self.trials[batch]
+        res_path = self.out / f"{self.model}-{self.allocator}-b{batch}.json"
+        log_path = res_path.with_suffix(".log")
+        res_path.unlink(missing_ok=True)
+        train_args = ["--model", self.model, "--steps", str(self.args.steps), "--seed",
+                      str(self.args.seed), "--batch", str(batch), "--memory-cap",
+                      str(self.args.cap_gib), "--out", str(res_path)]
+        cmd = compare.run_command(self.args.python, self.allocator, self.route, train_args)
+        rc = compare.run_logged(cmd, compare.run_env(self.allocator, self.route, self.lib),
+                                log_path, self.args.timeout)
+        data = json.loads(res_path.read_text()) if res_path.is_file() else {}
+        if rc == 0 and not data.get("oom"):
+            r = {"batch": batch, "fits": True, "tokens_per_s": tokens_per_s(data),
+                 "reserved_peak": (data.get("memory_stats") or {}).get("reserved_bytes.all.peak")}
+        elif rc == 3 and data.get("oom"):
+            r = {"batch": batch, "fits": False, "oom_step": data.get("step")}
+        else:
+            tail = log_path.read_text().splitlines()[-15:] if log_path.is_file() else []
+            r = {"batch": batch, "error": f"exit {rc}", "log_tail": tail}
+        r["command"] = cmd
+        self.trials[batch] = r
+        print(f"max_batch: {self.model} {self.allocator} batch {batch}: "
+              f"{'fits' if r.get('fits') else r.get('error') or 'out of memory'}", flush=True)
+        return r
+
+    def largest(self) -> int | None:
+        """The largest batch in [1, max_batch] that fits (0: not even 1); None on an error."""
+        lo, hi = 0, None  # lo fits (0: nothing yet), hi does not
+        b = 1
+        while b <= self.args.max_batch:
+            r = self.trial(b)
+            if "error" in r:
+                return None
+            if not r["fits"]:
+                hi = b
+                break
+            lo = b
+            b *= 2
+        if hi is None:
+            hi = self.args.max_batch + 1
+            if lo < self.args.max_batch:
+                r = self.trial(self.args.max_batch)
+                if "error" in r:
+                    return None
+                if r["fits"]:
+                    return self.args.max_batch
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            r = self.trial(mid)
+            if "error" in r:
+                return None
+            lo, hi = (mid, hi) if r["fits"] else (lo, mid)
+        return lo
+
+
+def table(rows: list[dict], cap: float) -> str:
+    out = [f"Largest micro-batch (x4 per step) trained under {cap:g} GiB, and tokens/s there:", "",
+           "| model | allocator | largest batch | vs native | tokens/s | vs native |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        native = next((n for n in rows if n["model"] == r["model"] and n["allocator"] == "native"),
+                      None)
+
+        def ratio(key):
+            a, b = r.get(key), native.get(key) if native else None
+            return f"{a / b:.3f}" if a and b else "-"
+
+        tps = f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else "-"
+        out.append(f"| {r['model']} | {r['allocator']} | {r.get('batch', 'error')} | "
+                   f"{ratio('batch')} | {tps} | {ratio('tokens_per_s')} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    route, lib = compare.cuarena_route(args)
+    rows, trials, failed = [], {}, False
+    for model in args.models.split(","):
+        for allocator in args.allocators.split(","):
+            s = Search(args, model, allocator, route, lib, out)
+            best = s.largest()
+            trials[f"{model}/{allocator}"] = list(s.trials.values())
+            row = {"model": model, "allocator": allocator}
+            if best is None:
+                failed = True
+                row["error"] = next(t["error"] for t in s.trials.values() if "error" in t)
+            else:
+                row["batch"] = best
+                row["tokens_per_s"] = s.trials[best]["tokens_per_s"] if best else None
+            rows.append(row)
+    text = table(rows, args.cap_gib)
+    print(text)
+    (out / "max_batch.md").write_text(text)
+    (out / "max_batch.json").write_text(json.dumps(
+        {"cap_gib": args.cap_gib, "steps": args.steps, "rows": rows, "trials": trials}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
