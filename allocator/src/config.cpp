@@ -176,6 +176,9 @@ const ConfigTable<Config>& Config::table() {
       bool_key("stream_alias", &C::stream_alias,
                "let a stream reuse its own freed granules at once by mapping them at the new "
                "address too"),
+      bool_key("wait_before_grow", &C::wait_before_grow,
+               "before creating memory while other streams hold freed blocks the device has not "
+               "reached yet, wait for those frees on the host and try again"),
       size_key("stream_cache_bytes", &C::stream_cache_bytes, 0, kNoSizeLimit,
                "most bytes each stream's cache may hold: a free that finds the device lock taken "
                "by another thread parks its block there, and that stream's next allocation of "

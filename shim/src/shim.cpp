@@ -177,7 +177,7 @@ bool Shim::close_import(CUdeviceptr ptr) {
 
 std::string Shim::summary() {
   std::int64_t requested = 0, reserved = 0, maps = 0, unmaps = 0, access = 0, creates = 0,
-               releases = 0;
+               releases = 0, grow_waits = 0;
   DeviceState::FenceCounters fences;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
@@ -191,6 +191,7 @@ std::string Shim::summary() {
     access += st.access_calls;
     creates += st.num_device_alloc;
     releases += st.num_device_free;
+    grow_waits += st.grow_waits;
     const DeviceState::FenceCounters f = s->fence_counters();
     fences.fences += f.fences;
     fences.reused += f.reused;
@@ -199,11 +200,11 @@ std::string Shim::summary() {
   }
   // The driver calls and host waits are what a served call can cost beyond cuarena's own work.
   auto ms = [&](Part p) { return double(spent_[std::size_t(p)].load()) / 1e6; };
-  char line[512];
+  char line[1024];
   std::snprintf(line, sizeof line,
                 "peak_requested_bytes=%lld peak_reserved_bytes=%lld reserved_ratio=%.4f "
                 "calls_served=%llu calls_passed_through=%llu map_calls=%lld unmap_calls=%lld "
-                "access_calls=%lld device_allocs=%lld device_frees=%lld fences=%llu "
+                "access_calls=%lld device_allocs=%lld device_frees=%lld grow_waits=%lld fences=%llu "
                 "fence_reused=%llu served_held=%llu fence_streams=%llu alloc_ms=%.1f free_ms=%.1f "
                 "core_ms=%.1f fence_ms=%.1f pid=%d",
                 static_cast<long long>(requested), static_cast<long long>(reserved),
@@ -212,6 +213,7 @@ std::string Shim::summary() {
                 static_cast<unsigned long long>(passed_.load()), static_cast<long long>(maps),
                 static_cast<long long>(unmaps), static_cast<long long>(access),
                 static_cast<long long>(creates), static_cast<long long>(releases),
+                static_cast<long long>(grow_waits),
                 static_cast<unsigned long long>(fences.fences),
                 static_cast<unsigned long long>(fences.reused),
                 static_cast<unsigned long long>(fences.served_held),

@@ -71,6 +71,9 @@ const ConfigTable<ShimConfig>& ShimConfig::table() {
 ShimConfig ShimConfig::parse(const std::string& conf) {
   // One string, two tables: the core's keys and the shim's (an unknown key lists both).
   ShimConfig c;
+  // The programs the shim serves free on several streams far ahead of the device (cudaFreeAsync
+  // on worker streams); their memory waits for those frees rather than grow by them.
+  c.core.wait_before_grow = true;
   parse_config(conf, {ConfigTarget(Config::table(), c.core), ConfigTarget(table(), c)});
   return c;
 }

@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <random>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -255,6 +256,9 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
   a.release_cached();
   EXPECT_EQ(sim.physical_bytes(), 0u) << "memory leaked after everything was freed";
   EXPECT_GT(cross_frees, 0u) << "no record_stream free was exercised";
+  if (std::string_view(sc.config).find("wait_before_grow:True") != std::string_view::npos) {
+    EXPECT_GT(a.stats().grow_waits, 0) << "no wait before growing was exercised";
+  }
   if (sc.capacity <= kTightCapacity) {
     EXPECT_GT(ooms, 0u) << "a tight scenario never ran out of memory";
     // Running short, a mapping pool turns memory-first (config whole_chunk_fraction), and back
@@ -295,6 +299,12 @@ const Scenario kScenarios[] = {
     {"segments_tight_laggy", 384 * MiB, 20, "upstream:async", 3000},
     {"own_first_laggy", 8 * GiB, 200, "placement:own_first", 3000},
     {"own_first_tight", 384 * MiB, 20, "placement:own_first", 3000},
+    {"wait_before_grow_laggy", 8 * GiB, 200, "wait_before_grow:True", 3000},
+    {"wait_before_grow_tight", 384 * MiB, 20, "wait_before_grow:True", 3000},
+    {"wait_before_grow_memory_first_laggy", 8 * GiB, 200,
+     "wait_before_grow:True,whole_chunk_min:0", 3000},
+    {"wait_before_grow_segments_laggy", 8 * GiB, 200, "wait_before_grow:True,upstream:malloc",
+     3000},
 };
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Randomized,

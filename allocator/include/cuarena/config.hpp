@@ -79,6 +79,12 @@ struct Config {
   /// Reuse a stream's own freed granules for its next request at once, by mapping them at the
   /// new address too (no wait for the device). False: only granules whose events completed.
   bool stream_alias = true;
+  /// Before creating physical memory for a request while other streams hold freed blocks the
+  /// device has not reached yet (so they cannot be reused), wait on the host for those frees
+  /// and try again first. Keeps a program whose streams free far ahead of the device from
+  /// growing by what is about to be free, at a host wait each time; a single-stream job never
+  /// waits. Off by default (PyTorch's allocator never waits); the LD_PRELOAD shim turns it on.
+  bool wait_before_grow = false;
   /// Most bytes of freed blocks each stream's cache may hold (a block is parked there only when
   /// its free finds the device lock held by another thread; see allocator.hpp). Bounds the extra
   /// memory threads contending can hold, and how far a peak statistic may under-read. 0: no

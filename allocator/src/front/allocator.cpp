@@ -119,7 +119,19 @@ class Allocator::Impl final : private detail::PlanServer::Host {
           ptr = slabs_.allocate(cls, stream, rec.slab);
         }
       } else if (rec.size != 0) {
-        rec.block = pool_.try_allocate(rec.size, stream);
+        if (ctx_.config.wait_before_grow && !cached_only && pool_.others_hold_frees(stream)) {
+          // First without fresh memory; if that needs some, the other streams' frees may make
+          // it unnecessary once the device has reached them.
+          {
+            const detail::GrowCeilingScope ceiling(ctx_, ctx_.reserved());
+            rec.block = pool_.try_allocate(rec.size, stream);
+          }
+          if (rec.block == nullptr) {
+            ++stats_.grow_waits;
+            pool_.synchronize();
+          }
+        }
+        if (rec.block == nullptr) rec.block = pool_.try_allocate(rec.size, stream);
         if (rec.block == nullptr && !cached_only && rec.size <= ctx_.limit) {  // else no wait helps
           reclaim();
           rec.block = pool_.try_allocate(rec.size, stream);

@@ -51,6 +51,10 @@ struct Context {
   /// the pool then neither backs, maps, creates nor reserves anything.
   bool cached_only = false;
   std::size_t cached_max_block = SIZE_MAX;  ///< cached_only: the largest free block it may split
+  /// Reserved bytes no fresh physical memory may take the pool past, for one attempt
+  /// (GrowCeilingScope; config wait_before_grow): a request that would is refused, as past the
+  /// limit, with nothing changed but caches.
+  std::size_t grow_ceiling = SIZE_MAX;
 
   void add_reserved(Pool pool, std::int64_t bytes) {
     auto& r = stats.reserved_bytes;
@@ -81,6 +85,19 @@ class CachedOnlyScope {
   }
   CachedOnlyScope(const CachedOnlyScope&) = delete;
   CachedOnlyScope& operator=(const CachedOnlyScope&) = delete;
+
+ private:
+  Context& ctx_;
+};
+
+/// Context::grow_ceiling for one attempt (under the device lock); no ceiling again when it ends,
+/// also by an exception.
+class GrowCeilingScope {
+ public:
+  GrowCeilingScope(Context& ctx, std::size_t ceiling) : ctx_(ctx) { ctx_.grow_ceiling = ceiling; }
+  ~GrowCeilingScope() { ctx_.grow_ceiling = SIZE_MAX; }
+  GrowCeilingScope(const GrowCeilingScope&) = delete;
+  GrowCeilingScope& operator=(const GrowCeilingScope&) = delete;
 
  private:
   Context& ctx_;

@@ -50,8 +50,9 @@ Block* BlockPool::new_segment(std::size_t min_size, StreamId stream) {
   const std::size_t g = ctx_.granule;
   std::size_t bytes =
       std::max(segment_size(min_size, tuning::segment_rule(g)), round_up(min_size, g));
-  if (ctx_.reserved() + bytes > ctx_.limit) bytes = round_up(min_size, g);
-  if (ctx_.reserved() + bytes > ctx_.limit) return nullptr;
+  const std::size_t cap = std::min(ctx_.limit, ctx_.grow_ceiling);  // (wait_before_grow)
+  if (ctx_.reserved() + bytes > cap) bytes = round_up(min_size, g);
+  if (ctx_.reserved() + bytes > cap) return nullptr;
   std::unique_ptr<Arena> a = mappings_.allocate_segment(bytes, stream);
   if (a == nullptr) return nullptr;
   arenas_.push_back(std::move(a));
@@ -123,6 +124,13 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   b->used = true;
   b->stream = stream;
   return b;
+}
+
+bool BlockPool::others_hold_frees(StreamId stream) const {
+  for (const auto& [id, sp] : index_.streams()) {
+    if (id != stream && (!sp.fifo.empty() || !sp.retired.empty())) return true;
+  }
+  return false;
 }
 
 void BlockPool::deallocate(Block* b) {

@@ -72,6 +72,10 @@ class BlockPool {
   /// each part may then be freed on its own. O(1).
   Block* split_allocated(Block* b, DevicePtr at);
 
+  /// Whether a stream other than `stream` holds owned free or retired blocks (memory a sweep
+  /// would let anyone reuse). O(streams).
+  bool others_hold_frees(StreamId stream) const;
+
   /// Records a sweep event on every stream with unswept blocks and none pending. Non-blocking.
   void record_sweeps() { sharing_.record_sweeps(); }
   /// Turns the blocks covered by completed sweep events into shared blocks. Non-blocking.

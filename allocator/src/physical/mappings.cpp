@@ -199,7 +199,7 @@ bool Mappings::fill(Backing& r, std::size_t soft) {
     for (const PhysRef& p : taken) phys_.put_idle(p);
     for (const std::uint32_t c : r.wholes) phys_.put_idle_whole(c);
   };
-  if (ctx_.reserved() + fresh * gran > ctx_.limit) {
+  if (ctx_.reserved() + fresh * gran > std::min(ctx_.limit, ctx_.grow_ceiling)) {
     give_back();
     return false;
   }

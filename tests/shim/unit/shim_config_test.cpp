@@ -18,7 +18,10 @@ TEST(ShimConfig, DefaultsWhenEmpty) {
   EXPECT_EQ(c.memory_limit, 0u);
   EXPECT_EQ(c.pending_free_bytes, std::size_t{1} << 30);
   EXPECT_EQ(c.snug_factor, 4u);
-  EXPECT_EQ(c.core, cuarena::Config{});
+  cuarena::Config core;
+  core.wait_before_grow = true;  // the shim's own default
+  EXPECT_EQ(c.core, core);
+  EXPECT_FALSE(ShimConfig::parse("wait_before_grow:False").core.wait_before_grow);
 }
 
 TEST(ShimConfig, ShimKeysAreTakenOutAndTheRestGoesToTheCore) {
