@@ -201,24 +201,24 @@ std::string Shim::summary() {
   // The driver calls and host waits are what a served call can cost beyond cuarena's own work.
   auto ms = [&](Part p) { return double(spent_[std::size_t(p)].load()) / 1e6; };
   char line[1024];
-  std::snprintf(line, sizeof line,
-                "peak_requested_bytes=%lld peak_reserved_bytes=%lld reserved_ratio=%.4f "
-                "calls_served=%llu calls_passed_through=%llu map_calls=%lld unmap_calls=%lld "
-                "access_calls=%lld device_allocs=%lld device_frees=%lld grow_waits=%lld fences=%llu "
-                "fence_reused=%llu served_held=%llu fence_streams=%llu alloc_ms=%.1f free_ms=%.1f "
-                "core_ms=%.1f fence_ms=%.1f pid=%d",
-                static_cast<long long>(requested), static_cast<long long>(reserved),
-                requested > 0 ? double(reserved) / double(requested) : 0.0,
-                static_cast<unsigned long long>(served_.load()),
-                static_cast<unsigned long long>(passed_.load()), static_cast<long long>(maps),
-                static_cast<long long>(unmaps), static_cast<long long>(access),
-                static_cast<long long>(creates), static_cast<long long>(releases),
-                static_cast<long long>(grow_waits),
-                static_cast<unsigned long long>(fences.fences),
-                static_cast<unsigned long long>(fences.reused),
-                static_cast<unsigned long long>(fences.served_held),
-                static_cast<unsigned long long>(fences.streams), ms(Part::kAlloc), ms(Part::kFree),
-                ms(Part::kCore), ms(Part::kFence), int(::getpid()));
+  std::snprintf(
+      line, sizeof line,
+      "peak_requested_bytes=%lld peak_reserved_bytes=%lld reserved_ratio=%.4f "
+      "calls_served=%llu calls_passed_through=%llu map_calls=%lld unmap_calls=%lld "
+      "access_calls=%lld device_allocs=%lld device_frees=%lld grow_waits=%lld fences=%llu "
+      "fence_reused=%llu served_held=%llu fence_streams=%llu alloc_ms=%.1f free_ms=%.1f "
+      "core_ms=%.1f fence_ms=%.1f pid=%d",
+      static_cast<long long>(requested), static_cast<long long>(reserved),
+      requested > 0 ? double(reserved) / double(requested) : 0.0,
+      static_cast<unsigned long long>(served_.load()),
+      static_cast<unsigned long long>(passed_.load()), static_cast<long long>(maps),
+      static_cast<long long>(unmaps), static_cast<long long>(access),
+      static_cast<long long>(creates), static_cast<long long>(releases),
+      static_cast<long long>(grow_waits), static_cast<unsigned long long>(fences.fences),
+      static_cast<unsigned long long>(fences.reused),
+      static_cast<unsigned long long>(fences.served_held),
+      static_cast<unsigned long long>(fences.streams), ms(Part::kAlloc), ms(Part::kFree),
+      ms(Part::kCore), ms(Part::kFence), int(::getpid()));
   return line;
 }
 

@@ -301,8 +301,8 @@ const Scenario kScenarios[] = {
     {"own_first_tight", 384 * MiB, 20, "placement:own_first", 3000},
     {"wait_before_grow_laggy", 8 * GiB, 200, "wait_before_grow:True", 3000},
     {"wait_before_grow_tight", 384 * MiB, 20, "wait_before_grow:True", 3000},
-    {"wait_before_grow_memory_first_laggy", 8 * GiB, 200,
-     "wait_before_grow:True,whole_chunk_min:0", 3000},
+    {"wait_before_grow_memory_first_laggy", 8 * GiB, 200, "wait_before_grow:True,whole_chunk_min:0",
+     3000},
     {"wait_before_grow_segments_laggy", 8 * GiB, 200, "wait_before_grow:True,upstream:malloc",
      3000},
 };
