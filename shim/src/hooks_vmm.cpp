@@ -57,6 +57,28 @@ std::size_t granularity(int device) {
   return g;
 }
 
+/// Whether another device can access `device`'s memory directly. Frameworks grant such peers
+/// access to each buffer (cuMemSetAccess), which a cuarena block, one part of a larger mapping,
+/// cannot take on its own: their buffers stay the driver's. Asked once per device.
+bool has_peers(int device) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cache[kDevices];  // 0 unknown, 1 none, 2 some
+  if (device < 0 || device >= kDevices) return true;
+  if (const int known = cache[device].load()) return known == 2;
+  const RealDriver& d = real();
+  int count = 0;
+  bool peers = d.device_count == nullptr || d.can_access_peer == nullptr ||
+               d.device_count(&count) != CUDA_SUCCESS;
+  for (int other = 0; !peers && other < count; ++other) {
+    int can = 0;
+    if (other != device &&
+        d.can_access_peer(&can, CUdevice(other), CUdevice(device)) == CUDA_SUCCESS)
+      peers = can != 0;
+  }
+  cache[device].store(peers ? 2 : 1);
+  return peers;
+}
+
 /// Frees a served block as cuMemFree would (held until a fence orders its reuse).
 CUresult free_block(DevicePtr block) {
   const std::optional<CUresult> r = serve_free(CUdeviceptr(block), nullptr, Ordering::kSync);
@@ -86,6 +108,7 @@ CUARENA_HOOK CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t 
                                           CUdeviceptr addr, unsigned long long flags) {
   return guarded("cuMemAddressReserve", [&]() -> CUresult {
     DeviceState* s = ptr != nullptr && addr == 0 && flags == 0 ? Shim::get().current() : nullptr;
+    if (s != nullptr && has_peers(s->device())) s = nullptr;
     std::optional<VmmTokens::Handle> h;
     std::optional<VmmTokens::Token> t;
     if (s != nullptr && (h = tokens().pending_for(size, granularity(s->device()))) &&
@@ -98,7 +121,15 @@ CUARENA_HOOK CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t 
         *ptr = p;
         return CUDA_SUCCESS;
       }
-      if (r) free_block(DevicePtr(p));  // misaligned: the token materializes at its map
+      // Misaligned (XLA asks for its granularity): never used, so back at once, stream-ordered
+      // on the legacy stream; the token materializes at its map.
+      if (r) {
+        serve_free(p, nullptr, Ordering::kAsync);
+        Shim::get().log(
+            "cuMemAddressReserve of %zu B aligned to %zu: cuarena's block %#llx is not; "
+            "passed to the driver",
+            size, alignment, static_cast<unsigned long long>(p));
+      }
     }
     return or_pass("cuMemAddressReserve", std::nullopt,
                    [&] { return real().address_reserve(ptr, size, alignment, addr, flags); });

@@ -85,7 +85,10 @@ void xla_order() {
     for (std::size_t granules : {1, 2, 3, 32}) {
       Buf b{0, 0, granules * g, tag++};
       CHECK_DRV(d.mem_create(&b.h, b.size, &prop, 0));
-      CHECK_DRV(d.address_reserve(&b.p, b.size, 0, 0, 0));
+      // Aligned to the granularity, as XLA asks.
+      CHECK_DRV(d.address_reserve(&b.p, b.size, g, 0, 0));
+      expect(b.p % g == 0, "range %#llx not aligned to %zu", static_cast<unsigned long long>(b.p),
+             g);
       CHECK_DRV(d.mem_map(b.p, b.size, 0, b.h, 0));
       set_access(b.p, b.size);
       expect(fill_and_verify(b.p, b.size, b.tag) == 0, "%zu B buffer: wrong bytes", b.size);
