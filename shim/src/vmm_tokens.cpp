@@ -70,8 +70,22 @@ VmmTokens::Map VmmTokens::map(DevicePtr va, std::size_t size, std::size_t offset
   std::lock_guard lock(mu_);
   Token& t = tokens_.at(h);
   if (t.real != 0) return Map::kReal;
-  if (t.block == 0) return Map::kMaterialize;
   auto r = ranges_.find(va);
+  if (t.block == 0) {
+    if (r == ranges_.end()) return Map::kMaterialize;
+    // A served range bound to another token not mapped yet (two creates before two reserves):
+    // tokens of one size and device are interchangeable until mapped, so this one takes the
+    // block and the other is pending again.
+    Token& o = tokens_.at(r->second);
+    if (o.mapped || o.size != t.size || o.device != t.device || offset != 0 || size > t.size)
+      return Map::kAlias;
+    t.block = o.block;
+    o.block = 0;
+    r->second = h;
+    t.mapped = true;
+    if (t_pending == h) t_pending = 0;
+    return Map::kBound;
+  }
   if (va != t.block || offset != 0 || size > t.size || r == ranges_.end() || r->second != h)
     return Map::kAlias;
   t.mapped = true;

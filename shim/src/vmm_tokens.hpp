@@ -11,7 +11,9 @@
 //   map(range, token)   the token's own block: nothing to map (kBound).
 //   unmap, free the range, release the token: in any order; once the range is freed and every
 //                       reference to the token released, the block goes back to cuarena.
-// A token mapped anywhere else while pending (programs that reserve first and map handles into
+// A pending token mapped into a served range whose own token is not mapped yet (two creates,
+// then two reserves) takes that range's block; the other token is pending again. A token mapped
+// anywhere else while pending (programs that reserve first and map handles into
 // it, such as PyTorch's expandable segments) is materialized: the caller creates the real
 // physical memory then (kMaterialize, set_real()), and the token stands for that handle from
 // then on. A bound token mapped into another range would alias the block: refused (kAlias).

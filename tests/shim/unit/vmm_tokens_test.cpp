@@ -71,6 +71,24 @@ TEST(VmmTokens, MappedIntoTheDriversRangeItMaterializes) {
   EXPECT_EQ(v.tokens(), 0u);
 }
 
+TEST(VmmTokens, TwoCreatesThenTwoReservesMapEachHandleOnce) {
+  VmmTokens v;
+  const auto h1 = v.create(kGranule, 0);
+  const auto h2 = v.create(kGranule, 0);
+  ASSERT_EQ(v.pending_for(kGranule, kGranule), h2);  // the thread's latest
+  v.bind(h2, 0x6000000);                             // the first reserve: R1
+  EXPECT_FALSE(v.pending_for(kGranule, kGranule));   // the second reserve is the driver's: R2
+  // map(R1, h1): h1 takes R1's block, h2 is pending again, and materializes at map(R2, h2).
+  EXPECT_EQ(v.map(0x6000000, kGranule, 0, h1), VmmTokens::Map::kBound);
+  EXPECT_EQ(v.map(0x9000000, kGranule, 0, h2), VmmTokens::Map::kMaterialize);
+  v.set_real(h2, 7);
+  v.check();
+  EXPECT_EQ(v.free_range(0x6000000).block, 0u);
+  EXPECT_EQ(v.release(h1).block, 0x6000000u);
+  EXPECT_EQ(v.release(h2).real, 7u);
+  EXPECT_EQ(v.tokens(), 0u);
+}
+
 TEST(VmmTokens, ABoundTokenElsewhereWouldAlias) {
   VmmTokens v;
   const auto h = v.create(kGranule, 0);
