@@ -1,8 +1,14 @@
 // The driver's virtual memory management calls, served as one cuarena block per
 // cuMemCreate + cuMemAddressReserve + cuMemMap (vmm_tokens.hpp says how), or passed to the
-// driver. Served only for plain device memory: no shareable handle type (NCCL's IPC buffers ask
-// for one and stay the driver's), no allocation flags, on the device of the current context.
+// driver. Served (servable()): pinned memory on the current context's device with no allocation
+// flags and nothing cuarena's own memory lacks: GPUDirect RDMA capable only where cuarena's is,
+// a POSIX file-descriptor handle type (XLA asks for one on every buffer) unless serve_shareable
+// is off or NCCL or NVSHMEM asks (they export theirs to other processes, which a part of a
+// cuarena mapping cannot be). Exporting a served handle fails, logged.
+#include <dlfcn.h>
+
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 
 #include "driver_hook.hpp"
@@ -23,24 +29,56 @@ VmmTokens& tokens() {
   return *t;
 }
 
-/// The properties of plain device memory on `device`: what the shim serves, and what a served
-/// handle reports.
-CUmemAllocationProp plain_prop(int device) {
+/// The properties of device memory on `device` with `traits`: what a served handle reports,
+/// and what a materialized one is created with.
+CUmemAllocationProp prop_of(int device, VmmTokens::Traits traits = {}) {
   CUmemAllocationProp p{};
   p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   p.location.id = device;
+  p.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(traits.handle_types);
+  p.allocFlags.gpuDirectRDMACapable = traits.rdma ? 1 : 0;
   return p;
 }
 
-/// Whether `prop` asks for plain device memory and nothing more.
-bool plain(const CUmemAllocationProp* prop, unsigned long long flags) {
-  if (prop == nullptr || flags != 0) return false;
-  const CUmemAllocationProp want = plain_prop(prop->location.id);
-  return prop->type == want.type && prop->location.type == want.location.type &&
-         prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE &&
-         prop->win32HandleMetaData == nullptr &&
-         std::memcmp(&prop->allocFlags, &want.allocFlags, sizeof want.allocFlags) == 0;
+/// Whether the code at `caller` belongs to a library that exports its cuMem handles to other
+/// processes (NCCL, NVSHMEM), by the name of the object holding it.
+bool exporting_library(const void* caller) {
+  Dl_info info{};
+  if (caller == nullptr || dladdr(caller, &info) == 0 || info.dli_fname == nullptr) return false;
+  return std::strstr(info.dli_fname, "nccl") != nullptr ||
+         std::strstr(info.dli_fname, "nvshmem") != nullptr;
+}
+
+/// The traits of a cuMemCreate the shim serves on `s`, called from `caller`; nullopt with
+/// `why` set for one it leaves to the driver.
+std::optional<VmmTokens::Traits> servable(const CUmemAllocationProp* prop, unsigned long long flags,
+                                          const DeviceState& s, const void* caller,
+                                          const char*& why) {
+  if (prop == nullptr || flags != 0) return why = "flags", std::nullopt;
+  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id != s.device())
+    return why = "not device memory of the current context", std::nullopt;
+  using Flags = decltype(prop->allocFlags);
+  const Flags& f = prop->allocFlags;
+  const Flags none{};
+  Flags rest = f;
+  rest.gpuDirectRDMACapable = 0;
+  if (prop->win32HandleMetaData != nullptr || std::memcmp(&rest, &none, sizeof rest) != 0)
+    return why = "allocation flags (compression, usage)", std::nullopt;
+  VmmTokens::Traits t;
+  t.rdma = f.gpuDirectRDMACapable != 0;
+  if (t.rdma && !s.rdma_capable())
+    return why = "GPUDirect RDMA capable, which cuarena's memory is not here", std::nullopt;
+  t.handle_types = int(prop->requestedHandleTypes);
+  if (t.handle_types == CU_MEM_HANDLE_TYPE_NONE) return t;
+  if (t.handle_types != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return why = "a handle type other than a POSIX file descriptor", std::nullopt;
+  if (!Shim::get().config().serve_shareable)
+    return why = "a POSIX file-descriptor handle (serve_shareable:False)", std::nullopt;
+  if (exporting_library(caller))
+    return why = "a POSIX file-descriptor handle asked by NCCL or NVSHMEM", std::nullopt;
+  return t;
 }
 
 /// The device's minimum mapping granularity (2 MiB on current GPUs), asked once per device.
@@ -49,7 +87,7 @@ std::size_t granularity(int device) {
   static std::atomic<std::size_t> cache[kDevices];
   std::size_t g = device >= 0 && device < kDevices ? cache[device].load() : 0;
   if (g != 0) return g;
-  const CUmemAllocationProp p = plain_prop(device);
+  const CUmemAllocationProp p = prop_of(device);
   if (real().granularity == nullptr ||
       real().granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || g == 0)
     g = std::size_t{2} << 20;
@@ -88,17 +126,22 @@ CUresult free_block(DevicePtr block) {
 
 CUARENA_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                                   const CUmemAllocationProp* prop, unsigned long long flags) {
+  const void* caller = __builtin_return_address(0);
   return guarded("cuMemCreate", [&]() -> CUresult {
     Shim& shim = Shim::get();
-    DeviceState* s =
-        handle != nullptr && size != 0 && plain(prop, flags) ? shim.current() : nullptr;
-    if (s != nullptr && s->device() == prop->location.id) {
-      *handle = tokens().create(size, s->device());
+    DeviceState* s = handle != nullptr && size != 0 ? shim.current() : nullptr;
+    const char* why = "no cuarena device current";
+    const std::optional<VmmTokens::Traits> traits =
+        s != nullptr ? servable(prop, flags, *s, caller, why) : std::nullopt;
+    if (traits) {
+      *handle = tokens().create(size, s->device(), *traits);
       shim.served();
       if (shim.logging())
-        shim.log("cuMemCreate %zu B device %d: token %#llx", size, s->device(), *handle);
+        shim.log("cuMemCreate %zu B device %d handle types %d rdma %d: token %#llx", size,
+                 s->device(), traits->handle_types, int(traits->rdma), *handle);
       return CUDA_SUCCESS;
     }
+    if (shim.logging()) shim.log("cuMemCreate %zu B passed to the driver: %s", size, why);
     return or_pass("cuMemCreate", std::nullopt,
                    [&] { return real().mem_create(handle, size, prop, flags); });
   });
@@ -153,7 +196,7 @@ CUARENA_HOOK CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
         return CUDA_ERROR_NOT_SUPPORTED;
       case VmmTokens::Map::kMaterialize: {
         const VmmTokens::Token t = *tokens().get(handle);
-        const CUmemAllocationProp p = plain_prop(t.device);
+        const CUmemAllocationProp p = prop_of(t.device, t.traits);
         CUmemGenericAllocationHandle made = 0;
         const CUresult r = real().mem_create(&made, t.size, &p, 0);
         if (r != CUDA_SUCCESS) return r;
@@ -246,7 +289,7 @@ CUARENA_HOOK CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp
                      [&] { return real().allocation_properties(prop, handle); });
     if (t->real != 0) return real().allocation_properties(prop, t->real);
     if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *prop = plain_prop(t->device);
+    *prop = prop_of(t->device, t->traits);
     return CUDA_SUCCESS;
   });
 }
@@ -261,6 +304,13 @@ CUARENA_HOOK CUresult cuMemExportToShareableHandle(void* shareable,
       return or_pass("cuMemExportToShareableHandle", std::nullopt,
                      [&] { return real().export_handle(shareable, handle, type, flags); });
     if (t->real != 0) return real().export_handle(shareable, t->real, type, flags);
-    return CUDA_ERROR_INVALID_VALUE;  // created with no shareable handle type, as served ones are
+    if ((t->traits.handle_types & int(type)) == 0) return CUDA_ERROR_INVALID_VALUE;  // as asked
+    // Served: its memory is a part of a cuarena mapping, which no handle stands for alone.
+    std::fprintf(stderr,
+                 "cuarena: cuMemExportToShareableHandle of %#llx: its memory is cuarena's and "
+                 "cannot be exported; CUARENA_CONF=serve_shareable:False leaves such memory to "
+                 "the driver\n",
+                 static_cast<unsigned long long>(handle));
+    return CUDA_ERROR_NOT_SUPPORTED;
   });
 }

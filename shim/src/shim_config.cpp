@@ -64,6 +64,10 @@ const ConfigTable<ShimConfig>& ShimConfig::table() {
       uint_key("snug_factor", &ShimConfig::snug_factor, 0, 1024,
                "while frees are held, a cached block more than this many times a request is "
                "split for it only if no held block fits within that (0: any cached block)"),
+      bool_key("serve_shareable", &ShimConfig::serve_shareable,
+               "cuMemCreate asking for a POSIX file-descriptor handle (XLA asks on every "
+               "buffer) is served unless NCCL or NVSHMEM asks; exporting it then fails "
+               "(False: such memory stays the driver's)"),
   };
   return rows;
 }

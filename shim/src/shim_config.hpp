@@ -9,6 +9,11 @@
 //                                                N times a request is split for it only if no
 //                                                held block fits within N times (default 4;
 //                                                0: any cached block serves, never a fence)
+//                       serve_shareable:BOOL     cuMemCreate asking for a POSIX file-descriptor
+//                                                handle (XLA asks on every buffer) is served
+//                                                unless NCCL or NVSHMEM asks; exporting such a
+//                                                handle then fails (default True; False: the
+//                                                driver's, for programs exporting it)
 //   CUARENA_LOG       1 (or stderr): one stderr line per event; a path: those lines appended there
 //   CUARENA_SUMMARY   1: one line at exit (peaks, ratio, calls served and passed through)
 //   CUARENA_TRACE     path: the allocations recorded as a .cuat trace at exit (cuarena replay)
@@ -29,6 +34,7 @@ struct ShimConfig {
   std::size_t memory_limit = 0;  ///< bytes per device; 0: the device's memory
   std::size_t pending_free_bytes = std::size_t{1} << 30;  ///< held frees that force a fence
   std::size_t snug_factor = 4;                            ///< see CUARENA_CONF above; 0: no bound
+  bool serve_shareable = true;                            ///< see CUARENA_CONF above
   std::string log_path;                                   ///< "" off, "-" stderr, else a file
   bool summary = false;
   std::string trace_path;  ///< "" off

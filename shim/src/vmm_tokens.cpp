@@ -16,12 +16,13 @@ thread_local VmmTokens::Handle t_pending = 0;
 bool pending(const VmmTokens::Token& t) { return t.block == 0 && t.real == 0; }
 }  // namespace
 
-VmmTokens::Handle VmmTokens::create(std::size_t size, int device) {
+VmmTokens::Handle VmmTokens::create(std::size_t size, int device, Traits traits) {
   std::lock_guard lock(mu_);
   const Handle h = kTokenBase + ++next_;
   Token t;
   t.size = size;
   t.device = device;
+  t.traits = traits;
   tokens_.emplace(h, t);
   t_pending = h;
   return h;

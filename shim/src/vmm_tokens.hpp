@@ -42,9 +42,18 @@ class VmmTokens {
  public:
   using Handle = std::uint64_t;  // CUmemGenericAllocationHandle
 
+  /// What the program asked of the memory beyond its size, reported back for the handle and
+  /// given to the driver if the token is materialized.
+  struct Traits {
+    int handle_types = 0;  ///< CUmemAllocationHandleType bits (0: none)
+    bool rdma = false;     ///< allocFlags.gpuDirectRDMACapable
+    bool operator==(const Traits&) const = default;
+  };
+
   struct Token {
     std::size_t size = 0;  ///< bytes the program created
     int device = -1;
+    Traits traits;
     DevicePtr block = 0;  ///< bound: the cuarena block that is its range
     Handle real = 0;      ///< materialized: the driver's handle
     int refs = 1;         ///< create and retains, less releases
@@ -52,7 +61,8 @@ class VmmTokens {
   };
 
   /// A new pending token for `size` bytes on `device`, the calling thread's pending one.
-  Handle create(std::size_t size, int device);
+  Handle create(std::size_t size, int device, Traits traits);
+  Handle create(std::size_t size, int device) { return create(size, device, Traits()); }
   /// The calling thread's pending token if a reservation of `size` bytes fits it: its size
   /// minus less than `granularity` up to its size. Not taken: bind() takes it.
   std::optional<Handle> pending_for(std::size_t size, std::size_t granularity) const;

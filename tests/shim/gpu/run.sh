@@ -193,6 +193,9 @@ run_programs() {
   churn_case stress.shim_churn "${SHIM_CHURN_MAX_RATIO:-1.10}" -- "$bin/shim_stress" \
     --expect-shim --threads 4 --ops 3000 --max-live 24 --min-size 1KiB --max-size 256MiB \
     --sync-percent 50
+  # Shareable memory left to the driver: exports work, XLA's handles stay the driver's.
+  shim_case vmm.shim_serve_shareable_off CUARENA_CONF=serve_shareable:False -- \
+    "$bin/shim_vmm" --expect-shim --shareable-stays
   # Every free fenced at once: the same block comes back, so each case tests the fence's order.
   shim_case free_reuse.shim_fence_each_free CUARENA_CONF=pending_free_bytes:1 -- \
     "$bin/shim_free_reuse" --expect-shim --expect-reuse

@@ -8,11 +8,17 @@
 //   reserve_first      one range reserved first, two handles mapped into it (PyTorch's
 //                      expandable segments): under the shim the handles become real memory at
 //                      their map; the whole range verified
-//   shareable          a handle with a shareable type (NCCL's IPC buffers) stays the driver's
-//                      and exports to a file descriptor
+//   xla_props          XLA's own properties (2026): a POSIX file-descriptor handle type, GPUDirect
+//                      RDMA capable where the device supports it with VMM, aligned to the
+//                      recommended granularity; freed as XLA does (unmap, release, range free).
+//                      Under the shim: served (a token), its properties reported as asked
+//   shareable          a POSIX file-descriptor handle exported: without the shim (and under it
+//                      with --shareable-stays, for CUARENA_CONF=serve_shareable:False) the
+//                      driver's, exported to a file descriptor; under the shim by default
+//                      served, and its export refused with CUDA_ERROR_NOT_SUPPORTED
 //   dlsym_path         cuMemCreate looked up with dlsym on libcuda's handle (XLA's stubs) is
 //                      the shim's: its handle is a token
-// Flags: --expect-shim / --expect-no-shim.
+// Flags: --expect-shim / --expect-no-shim, --shareable-stays.
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -26,6 +32,7 @@ namespace {
 
 constexpr unsigned long long kTokenBase = 0xC0A4'0000'0000'0000ull;
 bool g_shim = false;
+bool g_shareable_stays = false;  // --shareable-stays: the shim leaves shareable memory alone
 
 CUmemAllocationProp plain_prop() {
   CUmemAllocationProp p{};
@@ -150,6 +157,45 @@ void reserve_first() {
   CHECK_DRV(d.address_free(range, 2 * half));
 }
 
+void xla_props() {
+  const Driver& d = Driver::get();
+  CUmemAllocationProp prop = plain_prop();
+  int rdma = 0;
+  CHECK_DRV(d.device_attribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                               0));  // the runtime names no attribute for it
+  prop.allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  std::size_t g = 0;
+  CHECK_DRV(d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  const bool served = g_shim && !g_shareable_stays;
+  std::uint32_t tag = 40;
+  for (std::size_t granules : {1, 5, 16}) {
+    const std::size_t size = granules * g;
+    CUmemGenericAllocationHandle h = 0;
+    CHECK_DRV(d.mem_create(&h, size, &prop, 0));
+    expect(served == (h >= kTokenBase), "XLA's handle %#llx: expected %s",
+           static_cast<unsigned long long>(h), served ? "a token (served)" : "the driver's");
+    CUmemAllocationProp back{};
+    CHECK_DRV(d.allocation_properties(&back, h));
+    expect(back.requestedHandleTypes == prop.requestedHandleTypes &&
+               back.allocFlags.gpuDirectRDMACapable == prop.allocFlags.gpuDirectRDMACapable &&
+               back.location.id == 0,
+           "properties reported: handle types %d rdma %d, asked %d %d",
+           int(back.requestedHandleTypes), int(back.allocFlags.gpuDirectRDMACapable),
+           int(prop.requestedHandleTypes), int(prop.allocFlags.gpuDirectRDMACapable));
+    CUdeviceptr p = 0;
+    CHECK_DRV(d.address_reserve(&p, size, g, 0, 0));
+    expect(p % g == 0, "range %#llx not aligned to %zu", static_cast<unsigned long long>(p), g);
+    CHECK_DRV(d.mem_map(p, size, 0, h, 0));
+    set_access(p, size);
+    expect(fill_and_verify(p, size, tag++) == 0, "%zu B buffer: wrong bytes", size);
+    CHECK(cudaDeviceSynchronize());
+    CHECK_DRV(d.mem_unmap(p, size));
+    CHECK_DRV(d.mem_release(h));
+    CHECK_DRV(d.address_free(p, size));
+  }
+}
+
 void shareable() {
   const Driver& d = Driver::get();
   CUmemAllocationProp prop = plain_prop();
@@ -157,16 +203,22 @@ void shareable() {
   const std::size_t size = granularity(prop);
   CUmemGenericAllocationHandle h = 0;
   CHECK_DRV(d.mem_create(&h, size, &prop, 0));
-  expect(h < kTokenBase, "a shareable handle must stay the driver's, got %#llx",
-         static_cast<unsigned long long>(h));
-  int fd = -1;
-  CHECK_DRV(d.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-  expect(fd >= 0, "no file descriptor exported");
-  if (fd >= 0) close(fd);
+  const bool served = g_shim && !g_shareable_stays;
+  expect(served == (h >= kTokenBase), "shareable handle %#llx: expected %s",
+         static_cast<unsigned long long>(h), served ? "a token (served)" : "the driver's");
   CUdeviceptr p = 0;
   CHECK_DRV(d.address_reserve(&p, size, 0, 0, 0));
   CHECK_DRV(d.mem_map(p, size, 0, h, 0));
   set_access(p, size);
+  int fd = -1;
+  const CUresult r = d.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (served) {
+    expect(r == CUDA_ERROR_NOT_SUPPORTED, "export of a served handle: %s, expected refused",
+           driver_error_name(r));
+  } else {
+    expect(r == CUDA_SUCCESS && fd >= 0, "export: %s, fd %d", driver_error_name(r), fd);
+  }
+  if (fd >= 0) close(fd);
   expect(fill_and_verify(p, size, 5) == 0, "shareable buffer: wrong bytes");
   CHECK(cudaDeviceSynchronize());
   CHECK_DRV(d.mem_unmap(p, size));
@@ -198,11 +250,13 @@ void dlsym_path() {
 int main(int argc, char** argv) {
   const char* program = program_name(argc, argv, "shim_vmm");
   g_shim = start(program, argc, argv);
+  g_shareable_stays = has_flag(argc, argv, "--shareable-stays");
   CHECK(cudaFree(nullptr));  // the primary context, current
   CHECK(cudaMalloc(&g_errors, sizeof *g_errors));
   run_case("xla_order", xla_order);
   run_case("release_first", release_first);
   run_case("reserve_first", reserve_first);
+  run_case("xla_props", xla_props);
   run_case("shareable", shareable);
   run_case("dlsym_path", dlsym_path);
   CHECK(cudaFree(g_errors));

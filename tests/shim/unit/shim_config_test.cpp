@@ -34,6 +34,8 @@ TEST(ShimConfig, ShimKeysAreTakenOutAndTheRestGoesToTheCore) {
   EXPECT_EQ(ShimConfig::parse("memory_limit:80GB").memory_limit, std::size_t{80'000'000'000});
   EXPECT_EQ(ShimConfig::parse(" snug_factor : 8 ").snug_factor, 8u);
   EXPECT_EQ(ShimConfig::parse("snug_factor:0").snug_factor, 0u);
+  EXPECT_TRUE(ShimConfig().serve_shareable);
+  EXPECT_FALSE(ShimConfig::parse(" serve_shareable : False").serve_shareable);
 }
 
 TEST(ShimConfig, BadInputNamesTheKey) {
@@ -123,12 +125,13 @@ TEST(ShimConfig, SwitchesReadOffAndOnWords) {
 
 TEST(ShimConfig, TheShimsKeysAreATableOverTheCoresParser) {
   ASSERT_EQ(cuarena::ConfigTarget::key_names(ShimConfig::table()),
-            (std::vector<std::string>{"memory_limit", "pending_free_bytes", "snug_factor"}));
+            (std::vector<std::string>{"memory_limit", "pending_free_bytes", "snug_factor",
+                                      "serve_shareable"}));
   ShimConfig c;
   c.memory_limit = std::size_t{3} << 30;
   c.pending_free_bytes = std::size_t{2} << 20;
   const std::string text = cuarena::config_string(ShimConfig::table(), c);
-  EXPECT_EQ(text, "memory_limit:3GiB,pending_free_bytes:2MiB,snug_factor:4");
+  EXPECT_EQ(text, "memory_limit:3GiB,pending_free_bytes:2MiB,snug_factor:4,serve_shareable:True");
   const ShimConfig back = ShimConfig::parse(text);
   EXPECT_EQ(back.memory_limit, c.memory_limit);
   EXPECT_EQ(back.pending_free_bytes, c.pending_free_bytes);

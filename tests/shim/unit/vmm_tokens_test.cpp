@@ -36,6 +36,20 @@ TEST(VmmTokens, XlaOrderFreesTheBlockAtRelease) {
   v.check();
 }
 
+TEST(VmmTokens, WhatWasAskedIsKeptThroughBindAndMaterialize) {
+  VmmTokens v;
+  const VmmTokens::Traits xla{1, true};  // a POSIX file-descriptor handle, RDMA capable
+  const auto bound = v.create(kGranule, 0, xla);
+  v.bind(bound, 0x1000000);
+  EXPECT_EQ(v.get(bound)->traits, xla);
+  const auto made = v.create(kGranule, 0, xla);
+  EXPECT_EQ(v.map(0x9000000, kGranule, 0, made), VmmTokens::Map::kMaterialize);
+  v.set_real(made, 42);
+  EXPECT_EQ(v.get(made)->traits, xla) << "the real handle is created as asked";
+  EXPECT_EQ(v.get(v.create(kGranule, 0))->traits, VmmTokens::Traits{}) << "plain by default";
+  v.check();
+}
+
 TEST(VmmTokens, ReleaseFirstKeepsTheBlockUntilTheRangeIsFreed) {
   VmmTokens v;
   const auto h = v.create(kGranule, 0);

@@ -66,18 +66,24 @@ CudaVmmBackend::CudaVmmBackend(int device, std::size_t capacity, void* context)
   m.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   cuda::check(m.api.granularity(&m.granule, &m.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
               "cuMemGetAllocationGranularity");
-  // Exportable memory (CUDA IPC, torch.multiprocessing) where the device can: one trial
-  // allocation tells, since a sandbox may refuse the handle type the attribute promises.
+  // Each capability where the device has it, one trial allocation telling (a sandbox may
+  // refuse what the attribute promises): exportable memory (CUDA IPC, torch.multiprocessing),
+  // and memory a NIC may reach (GPUDirect RDMA), as NCCL and XLA ask for theirs.
+  auto probe = [&m] {
+    CUmemGenericAllocationHandle h = 0;
+    if (m.api.mem_create(&h, m.granule, &m.prop, 0) != CUDA_SUCCESS) return false;
+    m.api.mem_release(h);
+    return true;
+  };
   if (cuda::device_attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                              device)) {
     m.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    CUmemGenericAllocationHandle probe = 0;
-    if (m.api.mem_create(&probe, m.granule, &m.prop, 0) == CUDA_SUCCESS) {
-      m.api.mem_release(probe);
-      m.exportable = true;
-    } else {
-      m.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-    }
+    m.exportable = probe();
+    if (!m.exportable) m.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  }
+  if (cuda::device_attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device)) {
+    m.prop.allocFlags.gpuDirectRDMACapable = 1;
+    if (!probe()) m.prop.allocFlags.gpuDirectRDMACapable = 0;
   }
   std::size_t free_bytes = 0, total_bytes = 0;
   cuda::mem_info(device, free_bytes, total_bytes, m.context);
@@ -96,6 +102,10 @@ std::size_t CudaVmmBackend::granularity() const { return impl_->granule; }
 std::size_t CudaVmmBackend::capacity() const { return impl_->capacity; }
 int CudaVmmBackend::device() const { return impl_->device; }
 std::size_t CudaVmmBackend::driver_calls() const { return impl_->log.calls(); }
+bool CudaVmmBackend::exportable() const { return impl_->exportable; }
+bool CudaVmmBackend::rdma_capable() const {
+  return impl_->prop.allocFlags.gpuDirectRDMACapable != 0;
+}
 std::map<std::string, double> CudaVmmBackend::driver_us() const { return impl_->log.us(); }
 
 DevicePtr CudaVmmBackend::reserve_address(std::size_t bytes) {
