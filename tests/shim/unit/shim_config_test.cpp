@@ -19,9 +19,13 @@ TEST(ShimConfig, DefaultsWhenEmpty) {
   EXPECT_EQ(c.pending_free_bytes, std::size_t{1} << 30);
   EXPECT_EQ(c.snug_factor, 4u);
   cuarena::Config core;
-  core.wait_before_grow = true;  // the shim's own default
+  // The shim's own defaults (tests/shim/churn_target_test.py replays with them).
+  core.wait_before_grow = true;
+  core.whole_chunk_max = std::size_t{32} << 20;
   EXPECT_EQ(c.core, core);
   EXPECT_FALSE(ShimConfig::parse("wait_before_grow:False").core.wait_before_grow);
+  EXPECT_EQ(ShimConfig::parse("whole_chunk_max:128MiB").core.whole_chunk_max,
+            std::size_t{128} << 20);
 }
 
 TEST(ShimConfig, ShimKeysAreTakenOutAndTheRestGoesToTheCore) {

@@ -140,7 +140,7 @@ NO_EFFECT = {
 
 BACKEND_NATIVE = ("native", "cudaMallocAsync")
 # The LD_PRELOAD shim's own CUARENA_CONF keys (shim/README.md): named as such when given here.
-SHIM_KEYS = ("memory_limit", "pending_free_bytes", "snug_factor")
+SHIM_KEYS = ("memory_limit", "pending_free_bytes", "snug_factor", "serve_shareable")
 _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
 
