@@ -44,9 +44,8 @@ class DeviceState {
   CUcontext context() const { return context_; }
   int device() const { return device_; }
   Allocator& allocator() { return alloc_; }
-  /// Whether cuarena's physical memory here is exportable as POSIX file descriptors / GPUDirect
-  /// RDMA capable (CudaVmmBackend): what a served cuMemCreate may ask for.
-  bool exportable() const { return backend_.exportable(); }
+  /// Whether cuarena's physical memory here is GPUDirect RDMA capable (CudaVmmBackend): what a
+  /// served cuMemCreate may ask for.
   bool rdma_capable() const { return backend_.rdma_capable(); }
 
   /// `bytes` usable in stream order on `stream` (already normalised: 0 is the legacy stream).

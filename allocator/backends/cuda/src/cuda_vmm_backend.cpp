@@ -102,7 +102,6 @@ std::size_t CudaVmmBackend::granularity() const { return impl_->granule; }
 std::size_t CudaVmmBackend::capacity() const { return impl_->capacity; }
 int CudaVmmBackend::device() const { return impl_->device; }
 std::size_t CudaVmmBackend::driver_calls() const { return impl_->log.calls(); }
-bool CudaVmmBackend::exportable() const { return impl_->exportable; }
 bool CudaVmmBackend::rdma_capable() const {
   return impl_->prop.allocFlags.gpuDirectRDMACapable != 0;
 }

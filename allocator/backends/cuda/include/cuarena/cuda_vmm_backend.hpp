@@ -58,8 +58,6 @@ class CudaVmmBackend final : public CudaBackend {
   /// Physical memory is created exportable as POSIX file descriptors where the device supports
   /// it (checked at construction); each handle is exported once, on first request.
   std::vector<ExportPiece> export_range(DevicePtr va, std::size_t bytes) override;
-  /// Whether physical memory is created exportable (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).
-  bool exportable() const;
   /// Whether physical memory is created GPUDirect RDMA capable (allocFlags.gpuDirectRDMACapable),
   /// as it is where the device supports it with VMM (checked at construction).
   bool rdma_capable() const;
