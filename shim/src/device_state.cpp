@@ -72,13 +72,13 @@ void DeviceState::start_monitor() {
   monitor_ = std::make_unique<monitor::MonitorPublisher>(alloc_, std::move(o));
 }
 
-void* DeviceState::allocate(std::size_t bytes, StreamId stream) {
+void* DeviceState::allocate(std::size_t bytes, StreamId stream, std::size_t alignment) {
   if (held_bytes_.load(std::memory_order_acquire) != 0) {
     // Frees are held. A request served by a block cuarena has mapped does not need them (their
     // fence costs a driver call or two per non-blocking stream), unless only by splitting a
     // block much larger while a held one would fit: then the fence keeps the footprint where
     // reuse at once would have it (bench/shim/held_frees_sim.cpp measures both).
-    if (void* p = allocate_cached(bytes, stream)) {
+    if (void* p = allocate_cached(bytes, stream, alignment)) {
       served_held_.fetch_add(1, std::memory_order_relaxed);
       return p;
     }
@@ -86,25 +86,25 @@ void* DeviceState::allocate(std::size_t bytes, StreamId stream) {
   }
   try {
     SpentTimer timer(Shim::Part::kCore);
-    return alloc_.allocate(bytes, stream);
+    return alloc_.allocate_aligned(bytes, alignment, stream);
   } catch (const OutOfMemoryError&) {
   }
   // Out of memory: every free the program made is memory it may count on (frees held since
   // the fence above, by other threads).
   release_held();
-  return alloc_.allocate(bytes, stream);
+  return alloc_.allocate_aligned(bytes, alignment, stream);
 }
 
-void* DeviceState::allocate_cached(std::size_t bytes, StreamId stream) {
+void* DeviceState::allocate_cached(std::size_t bytes, StreamId stream, std::size_t alignment) {
   SpentTimer timer(Shim::Part::kCore);
-  if (snug_factor_ == 0) return alloc_.allocate_cached(bytes, stream);
+  if (snug_factor_ == 0) return alloc_.allocate_cached(bytes, stream, SIZE_MAX, alignment);
   const std::size_t snug = bytes > SIZE_MAX / snug_factor_ ? SIZE_MAX : bytes * snug_factor_;
-  if (void* p = alloc_.allocate_cached(bytes, stream, snug)) return p;
+  if (void* p = alloc_.allocate_cached(bytes, stream, snug, alignment)) return p;
   {
     std::lock_guard lock(mu_);
     if (held_.holds_fit(bytes, snug)) return nullptr;
   }
-  return alloc_.allocate_cached(bytes, stream);
+  return alloc_.allocate_cached(bytes, stream, SIZE_MAX, alignment);
 }
 
 std::optional<Allocator::BlockInfo> DeviceState::find(DevicePtr ptr) const {

@@ -48,8 +48,9 @@ class DeviceState {
   /// served cuMemCreate may ask for.
   bool rdma_capable() const { return backend_.rdma_capable(); }
 
-  /// `bytes` usable in stream order on `stream` (already normalised: 0 is the legacy stream).
-  void* allocate(std::size_t bytes, StreamId stream);
+  /// `bytes` usable in stream order on `stream` (already normalised: 0 is the legacy stream),
+  /// at a multiple of `alignment` (a power of two; Allocator::allocate_aligned()).
+  void* allocate(std::size_t bytes, StreamId stream, std::size_t alignment = kMinBlockSize);
 
   /// The live allocation starting at `ptr` that the program has not freed, or nullopt.
   std::optional<Allocator::BlockInfo> find(DevicePtr ptr) const;
@@ -109,7 +110,7 @@ class DeviceState {
 
  private:
   /// A block cuarena has mapped for `bytes` while frees are held, or nullptr: fence them.
-  void* allocate_cached(std::size_t bytes, StreamId stream);
+  void* allocate_cached(std::size_t bytes, StreamId stream, std::size_t alignment);
   void start_monitor();
   void fence_and_release();  // requires mu_: release_held()
 

@@ -154,24 +154,19 @@ CUARENA_HOOK CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t 
     if (s != nullptr && has_peers(s->device())) s = nullptr;
     std::optional<VmmTokens::Handle> h;
     std::optional<VmmTokens::Token> t;
-    if (s != nullptr && (h = tokens().pending_for(size, granularity(s->device()))) &&
-        (t = tokens().get(*h)) && t->device == s->device()) {
+    // The driver wants a power of two (0: its default); cuarena's block is placed at it.
+    const bool power_of_two = (alignment & (alignment - 1)) == 0;
+    if (s != nullptr && power_of_two &&
+        (h = tokens().pending_for(size, granularity(s->device()))) && (t = tokens().get(*h)) &&
+        t->device == s->device()) {
       CUdeviceptr p = 0;
-      const std::optional<CUresult> r = serve_alloc(&p, t->size, nullptr, Ordering::kSync);
+      const std::optional<CUresult> r =
+          serve_alloc(&p, t->size, nullptr, Ordering::kSync, alignment);
       if (r && *r != CUDA_SUCCESS) return *r;  // out of memory, as a reservation can be
-      if (r && (alignment == 0 || p % alignment == 0)) {
+      if (r) {
         tokens().bind(*h, DevicePtr(p));
         *ptr = p;
         return CUDA_SUCCESS;
-      }
-      // Misaligned (XLA asks for its granularity): never used, so back at once, stream-ordered
-      // on the legacy stream; the token materializes at its map.
-      if (r) {
-        serve_free(p, nullptr, Ordering::kAsync);
-        Shim::get().log(
-            "cuMemAddressReserve of %zu B aligned to %zu: cuarena's block %#llx is not; "
-            "passed to the driver",
-            size, alignment, static_cast<unsigned long long>(p));
       }
     }
     return or_pass("cuMemAddressReserve", std::nullopt,

@@ -1,5 +1,7 @@
 #include "serve.hpp"
 
+#include <algorithm>
+
 #include "cuarena/errors.hpp"
 #include "real_driver.hpp"
 #include "shim.hpp"
@@ -42,7 +44,7 @@ StreamId alloc_stream(CUstream stream, Ordering ordering) {
 }  // namespace
 
 std::optional<CUresult> serve_alloc(CUdeviceptr* ptr, std::size_t bytes, CUstream stream,
-                                    Ordering ordering) {
+                                    Ordering ordering, std::size_t alignment) {
   SpentTimer timer(Shim::Part::kAlloc);
   Shim& shim = Shim::get();
   if (ptr == nullptr || bytes == 0 || !have_driver())
@@ -63,7 +65,7 @@ std::optional<CUresult> serve_alloc(CUdeviceptr* ptr, std::size_t bytes, CUstrea
   const StreamId sid = alloc_stream(stream, ordering);
   try {
     if (sid != 0) s->add_stream(stream, true);
-    void* p = s->allocate(bytes, sid);
+    void* p = s->allocate(bytes, sid, std::max(alignment, kMinBlockSize));
     *ptr = reinterpret_cast<CUdeviceptr>(p);
     shim.served();
     if (TraceRecorder* t = shim.trace())

@@ -16,8 +16,9 @@ namespace cuarena::shim {
 /// thread's per-thread default stream).
 enum class Ordering { kSync, kAsync, kAsyncPerThread };
 
+/// `alignment`: a power of two the block's address is a multiple of (cuMemAddressReserve's).
 std::optional<CUresult> serve_alloc(CUdeviceptr* ptr, std::size_t bytes, CUstream stream,
-                                    Ordering ordering);
+                                    Ordering ordering, std::size_t alignment = 512);
 std::optional<CUresult> serve_free(CUdeviceptr ptr, CUstream stream, Ordering ordering);
 std::optional<CUresult> serve_mem_info(std::size_t* free_bytes, std::size_t* total_bytes);
 

@@ -205,7 +205,7 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
   ReuseGuard guard(sim, sc.latency);
   std::map<DevicePtr, Live> model;
   std::vector<DevicePtr> order;
-  std::size_t ooms = 0, cross_frees = 0;
+  std::size_t ooms = 0, cross_frees = 0, aligned = 0;
   bool turned = false;  // the pool placed memory-first at some point
   for (int op = 0; op < ops; ++op) {
     sim.advance(1);
@@ -213,8 +213,15 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
     const StreamId stream = rng() % streams;
     if (dice < (model.size() < max_live ? 55 : 40) || model.empty()) {
       const std::size_t bytes = random_size(rng);
+      // One in ten at an alignment of 1 KiB to 2 MiB (allocate_aligned: a VMM range's).
+      const std::size_t alignment = dice % 10 == 3 ? std::size_t{1024} << (rng() % 12) : 0;
       try {
-        void* p = a.allocate(bytes, stream);
+        void* p = alignment != 0 ? a.allocate_aligned(bytes, alignment, stream)
+                                 : a.allocate(bytes, stream);
+        if (alignment != 0) {
+          ASSERT_EQ(addr(p) % alignment, 0u) << bytes << " B aligned to " << alignment;
+          ++aligned;
+        }
         ASSERT_TRUE(model.emplace(addr(p), Live{bytes, stream}).second)
             << "pointer handed out twice";
         order.push_back(addr(p));
@@ -256,6 +263,7 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
   a.release_cached();
   EXPECT_EQ(sim.physical_bytes(), 0u) << "memory leaked after everything was freed";
   EXPECT_GT(cross_frees, 0u) << "no record_stream free was exercised";
+  EXPECT_GT(aligned, 0u) << "no aligned allocation was exercised";
   if (std::string_view(sc.config).find("wait_before_grow:True") != std::string_view::npos) {
     EXPECT_GT(a.stats().grow_waits, 0) << "no wait before growing was exercised";
   }

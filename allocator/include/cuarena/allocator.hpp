@@ -53,6 +53,15 @@ class Allocator {
   /// waiting for outstanding events) when the device limit cannot accommodate it.
   void* allocate(std::size_t bytes, StreamId stream);
 
+  /// As allocate(), with the block's address a multiple of `alignment` bytes (a power of two;
+  /// at most kMinBlockSize is plain allocate()). For callers whose API promises an alignment,
+  /// e.g. cuMemAddressReserve's, which the driver's VMM users set to the 2 MiB granularity.
+  /// Served from the large pool (never a slab, a stream cache or a loop plan): the placement
+  /// searches for `bytes` + `alignment` - 512 and splits the unaligned head off as a free block,
+  /// so nothing is mapped for it. Throws std::invalid_argument for an alignment that is not a
+  /// power of two, and OutOfMemoryError as allocate().
+  void* allocate_aligned(std::size_t bytes, std::size_t alignment, StreamId stream);
+
   /// As allocate(), but only a block already mapped: one the cache holds (a free block with every
   /// granule mapped, or a free slab slot), with no driver call. Returns nullptr where allocate()
   /// would map, create or reserve anything, and then nothing has changed: the same call to
@@ -60,7 +69,9 @@ class Allocator {
   /// than this (and than the request) is not split for it either. Loop plans do not serve it.
   /// For callers holding frees back (the shim's held frees): they give those back when this
   /// fails, where the request may fit one of them better. Throws nothing but std::bad_alloc.
-  void* allocate_cached(std::size_t bytes, StreamId stream, std::size_t max_block = SIZE_MAX);
+  /// `alignment` as allocate_aligned().
+  void* allocate_cached(std::size_t bytes, StreamId stream, std::size_t max_block = SIZE_MAX,
+                        std::size_t alignment = kMinBlockSize);
 
   /// Frees a block from allocate(). The block is reusable at once on its allocation stream, and
   /// on other streams after the events that guard it complete. nullptr is ignored. Throws

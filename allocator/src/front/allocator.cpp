@@ -76,11 +76,17 @@ class Allocator::Impl final : private detail::PlanServer::Host {
   }
 
   /// `cached_only`: nullptr where a block would have to be mapped, or one larger than
-  /// `max_block` split (allocate_cached()).
+  /// `max_block` split (allocate_cached()). `alignment` above kMinBlockSize: the large pool only
+  /// (allocate_aligned()).
   void* allocate(std::size_t bytes, StreamId stream, bool cached_only,
-                 std::size_t max_block = SIZE_MAX) {
+                 std::size_t max_block = SIZE_MAX, std::size_t alignment = kMinBlockSize) {
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+      throw std::invalid_argument("cuarena: allocate_aligned(" + std::to_string(bytes) + ", " +
+                                  std::to_string(alignment) +
+                                  "): the alignment must be a power of two");
     if (bytes == 0) return nullptr;
-    const bool small = bytes <= config_.small_limit;
+    const bool aligned = alignment > kMinBlockSize;
+    const bool small = bytes <= config_.small_limit && !aligned;
     std::size_t cls = 0;
     LiveBlock rec{bytes, 0, stream, nullptr, nullptr, {}};
     if (small) {
@@ -90,7 +96,7 @@ class Allocator::Impl final : private detail::PlanServer::Host {
       rec.size = round_up(bytes, kMinBlockSize);
     }
     // Fast path: a block this stream parked while the device lock was taken.
-    if (rec.size != 0) {
+    if (rec.size != 0 && !aligned) {
       if (StreamCache* c = caches_.find(stream); c != nullptr && c->maybe_nonempty()) {
         CachedBlock hit;
         if (c->take(rec.size, small, bytes, hit)) {
@@ -109,7 +115,7 @@ class Allocator::Impl final : private detail::PlanServer::Host {
       const detail::CachedOnlyScope scope(ctx_, cached_only, max_block);
       if (!pending_.empty()) process_pending(false);
       // (A loop plan backs its range as it serves: not from the cache.)
-      if (rec.size != 0 && !cached_only) ptr = plans_.serve(rec, stream);
+      if (rec.size != 0 && !cached_only && !aligned) ptr = plans_.serve(rec, stream);
       if (ptr != 0) {
         // served by the loop plan
       } else if (small) {
@@ -124,17 +130,17 @@ class Allocator::Impl final : private detail::PlanServer::Host {
           // it unnecessary once the device has reached them.
           {
             const detail::GrowCeilingScope ceiling(ctx_, ctx_.reserved());
-            rec.block = pool_.try_allocate(rec.size, stream);
+            rec.block = pool_.try_allocate(rec.size, stream, alignment);
           }
           if (rec.block == nullptr) {
             ++stats_.grow_waits;
             pool_.synchronize();
           }
         }
-        if (rec.block == nullptr) rec.block = pool_.try_allocate(rec.size, stream);
+        if (rec.block == nullptr) rec.block = pool_.try_allocate(rec.size, stream, alignment);
         if (rec.block == nullptr && !cached_only && rec.size <= ctx_.limit) {  // else no wait helps
           reclaim();
-          rec.block = pool_.try_allocate(rec.size, stream);
+          rec.block = pool_.try_allocate(rec.size, stream, alignment);
         }
         ptr = rec.block ? rec.block->addr : 0;
       }
@@ -500,8 +506,12 @@ Allocator::~Allocator() { impl_->set_reservation_observer(nullptr); }
 void* Allocator::allocate(std::size_t bytes, StreamId stream) {
   return impl_->allocate(bytes, stream, /*cached_only=*/false);
 }
-void* Allocator::allocate_cached(std::size_t bytes, StreamId stream, std::size_t max_block) {
-  return impl_->allocate(bytes, stream, /*cached_only=*/true, max_block);
+void* Allocator::allocate_aligned(std::size_t bytes, std::size_t alignment, StreamId stream) {
+  return impl_->allocate(bytes, stream, /*cached_only=*/false, SIZE_MAX, alignment);
+}
+void* Allocator::allocate_cached(std::size_t bytes, StreamId stream, std::size_t max_block,
+                                 std::size_t alignment) {
+  return impl_->allocate(bytes, stream, /*cached_only=*/true, max_block, alignment);
 }
 void Allocator::deallocate(void* ptr) { impl_->deallocate(ptr); }
 void Allocator::record_stream(void* ptr, StreamId stream) { impl_->record_stream(ptr, stream); }

@@ -89,19 +89,26 @@ bool BlockPool::needs_backing(const Block* b) const {
   return b->shared || index_.unified() || b->lazy;
 }
 
-Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
-  if (size > ctx_.limit) return nullptr;  // can never fit: do not even reserve address space
+Block* BlockPool::try_allocate(std::size_t size, StreamId stream, std::size_t alignment) {
+  CUARENA_ASSERT(size % kMinBlockSize == 0 && alignment != 0 && (alignment & (alignment - 1)) == 0,
+                 "try_allocate: size a multiple of 512, alignment a power of two");
+  // Aligned: any block of `span` bytes holds an aligned range of `size` (addresses are
+  // multiples of 512).
+  const std::size_t pad = alignment > kMinBlockSize ? alignment - kMinBlockSize : 0;
+  if (size > ctx_.limit || pad > ctx_.limit - size)
+    return nullptr;  // can never fit: do not even reserve address space
+  const std::size_t span = size + pad;
   sharing_.settle();
   StreamFreeLists& sp = index_.stream(stream);
   // A miss on the stream's own blocks first lets finished streams' blocks become shared.
-  if (sp.free.lower_bound(size) == sp.free.end()) sharing_.poll_sweeps();
+  if (sp.free.lower_bound(span) == sp.free.end()) sharing_.poll_sweeps();
   bool mapped = false;  // the placement found every granule of the range active
-  Block* b = placement().place(sp, size, mapped);
+  Block* b = placement().place(sp, span, mapped);
   // allocate_cached(): a block that needs no backing, else nothing is taken or made.
   if (ctx_.cached_only && (b == nullptr || (needs_backing(b) && !mapped) ||
-                           b->size > std::max(size, ctx_.cached_max_block)))
+                           b->size > std::max(span, ctx_.cached_max_block)))
     return nullptr;
-  if (b == nullptr) b = new_arena(size, stream);
+  if (b == nullptr) b = new_arena(span, stream);
   if (b == nullptr) return nullptr;  // a segment backend refused
   // Detach b (marked allocated) before anything can coalesce it away, and split off the
   // remainder first, so its cached granules can be defragmented for this very request.
@@ -110,6 +117,13 @@ Block* BlockPool::try_allocate(std::size_t size, StreamId stream) {
   const bool was_warm = Lru::contains(b);
   Block* fifo_pos = was_shared ? nullptr : Fifo::next(b);
   index_.remove(b);
+  if (const DevicePtr at = round_up(b->addr, alignment); at != b->addr) {
+    // The unaligned head stays free, in b's place and state (its neighbour below is not free:
+    // b was coalesced).
+    Block* body = index_.split_off(b, at);
+    index_.insert(b, fifo_pos, was_shared || was_warm);
+    b = body;
+  }
   if (b->size > size)
     index_.insert(index_.split_off(b, b->addr + size), fifo_pos, was_shared || was_warm);
   b->allocated = true;

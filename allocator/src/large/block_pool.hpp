@@ -45,10 +45,10 @@ class BlockPool {
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  /// Allocates `size` bytes (a multiple of 512) for `stream`, backing what it lacks. Returns
-  /// nullptr, having changed nothing but caches, when the limit or the device refuses; throws
-  /// BackendError.
-  Block* try_allocate(std::size_t size, StreamId stream);
+  /// Allocates `size` bytes (a multiple of 512) for `stream`, backing what it lacks, at an
+  /// address that is a multiple of `alignment` (a power of two). Returns nullptr, having changed
+  /// nothing but caches, when the limit or the device refuses; throws BackendError.
+  Block* try_allocate(std::size_t size, StreamId stream, std::size_t alignment = kMinBlockSize);
 
   /// Frees an allocated block on its stream: owned by that stream, coalesced with its owned
   /// neighbours.

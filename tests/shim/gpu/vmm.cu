@@ -168,6 +168,10 @@ void xla_props() {
   std::size_t g = 0;
   CHECK_DRV(d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   const bool served = g_shim && !g_shareable_stays;
+  // A live buffer of an odd size first: under the shim, cuarena's next large block would start
+  // off the granularity unless placed at the alignment the reservation asks for.
+  void* odd = nullptr;
+  CHECK(cudaMalloc(&odd, (3u << 20) + 512));
   std::uint32_t tag = 40;
   for (std::size_t granules : {1, 5, 16}) {
     const std::size_t size = granules * g;
@@ -188,12 +192,23 @@ void xla_props() {
     expect(p % g == 0, "range %#llx not aligned to %zu", static_cast<unsigned long long>(p), g);
     CHECK_DRV(d.mem_map(p, size, 0, h, 0));
     set_access(p, size);
+    // Served, the range is the token's own cuarena block (not memory the driver created for
+    // the token at its map): the handle mapped there is the token.
+    CUmemGenericAllocationHandle there = 0;
+    CHECK_DRV(d.retain_handle(&there, reinterpret_cast<void*>(p)));
+    expect(served == (there >= kTokenBase),
+           "%zu B range aligned to %zu: handle %#llx there, "
+           "expected %s",
+           size, g, static_cast<unsigned long long>(there),
+           served ? "the token (cuarena's block)" : "the driver's");
+    CHECK_DRV(d.mem_release(there));
     expect(fill_and_verify(p, size, tag++) == 0, "%zu B buffer: wrong bytes", size);
     CHECK(cudaDeviceSynchronize());
     CHECK_DRV(d.mem_unmap(p, size));
     CHECK_DRV(d.mem_release(h));
     CHECK_DRV(d.address_free(p, size));
   }
+  CHECK(cudaFree(odd));
 }
 
 void shareable() {
