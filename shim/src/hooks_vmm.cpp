@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <bit>
 #include <cstdio>
 #include <cstring>
 
@@ -155,8 +156,7 @@ CUARENA_HOOK CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t 
     std::optional<VmmTokens::Handle> h;
     std::optional<VmmTokens::Token> t;
     // The driver wants a power of two (0: its default); cuarena's block is placed at it.
-    const bool power_of_two = (alignment & (alignment - 1)) == 0;
-    if (s != nullptr && power_of_two &&
+    if (s != nullptr && (alignment == 0 || std::has_single_bit(alignment)) &&
         (h = tokens().pending_for(size, granularity(s->device()))) && (t = tokens().get(*h)) &&
         t->device == s->device()) {
       CUdeviceptr p = 0;

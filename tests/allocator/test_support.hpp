@@ -36,4 +36,12 @@ inline constexpr Mode kModes[] = {{"whole_chunks", "", false},
                                   {"loop_plan", "loop_plan:True", false},
                                   {"segments", "upstream:malloc", true}};
 
+/// sim_options() for a simulated device of `mode`'s kind (segments or mappings).
+inline SimBackend::Options mode_options(const Mode& mode, std::size_t capacity,
+                                        std::uint64_t latency) {
+  SimBackend::Options o = sim_options(capacity, latency);
+  o.segments = mode.segments;
+  return o;
+}
+
 }  // namespace cuarena::test

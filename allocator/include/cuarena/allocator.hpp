@@ -69,7 +69,7 @@ class Allocator {
   /// than this (and than the request) is not split for it either. Loop plans do not serve it.
   /// For callers holding frees back (the shim's held frees): they give those back when this
   /// fails, where the request may fit one of them better. Throws nothing but std::bad_alloc.
-  /// `alignment` as allocate_aligned().
+  /// `alignment` as allocate_aligned() (std::invalid_argument if not a power of two).
   void* allocate_cached(std::size_t bytes, StreamId stream, std::size_t max_block = SIZE_MAX,
                         std::size_t alignment = kMinBlockSize);
 

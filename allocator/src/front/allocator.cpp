@@ -15,6 +15,7 @@
 #include "cuarena/allocator.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -80,10 +81,6 @@ class Allocator::Impl final : private detail::PlanServer::Host {
   /// (allocate_aligned()).
   void* allocate(std::size_t bytes, StreamId stream, bool cached_only,
                  std::size_t max_block = SIZE_MAX, std::size_t alignment = kMinBlockSize) {
-    if (alignment == 0 || (alignment & (alignment - 1)) != 0)
-      throw std::invalid_argument("cuarena: allocate_aligned(" + std::to_string(bytes) + ", " +
-                                  std::to_string(alignment) +
-                                  "): the alignment must be a power of two");
     if (bytes == 0) return nullptr;
     const bool aligned = alignment > kMinBlockSize;
     const bool small = bytes <= config_.small_limit && !aligned;
@@ -506,11 +503,22 @@ Allocator::~Allocator() { impl_->set_reservation_observer(nullptr); }
 void* Allocator::allocate(std::size_t bytes, StreamId stream) {
   return impl_->allocate(bytes, stream, /*cached_only=*/false);
 }
+namespace {
+/// The public entry points' check, kept off allocate()'s path (its alignment is a constant).
+void check_alignment(std::size_t bytes, std::size_t alignment) {
+  if (!std::has_single_bit(alignment))
+    throw std::invalid_argument("cuarena: allocate_aligned(" + std::to_string(bytes) + ", " +
+                                std::to_string(alignment) +
+                                "): the alignment must be a power of two");
+}
+}  // namespace
 void* Allocator::allocate_aligned(std::size_t bytes, std::size_t alignment, StreamId stream) {
+  check_alignment(bytes, alignment);
   return impl_->allocate(bytes, stream, /*cached_only=*/false, SIZE_MAX, alignment);
 }
 void* Allocator::allocate_cached(std::size_t bytes, StreamId stream, std::size_t max_block,
                                  std::size_t alignment) {
+  check_alignment(bytes, alignment);
   return impl_->allocate(bytes, stream, /*cached_only=*/true, max_block, alignment);
 }
 void Allocator::deallocate(void* ptr) { impl_->deallocate(ptr); }

@@ -1,6 +1,7 @@
 #include "large/block_pool.hpp"
 
 #include <algorithm>
+#include <bit>
 
 #include "tuning.hpp"
 
@@ -90,7 +91,7 @@ bool BlockPool::needs_backing(const Block* b) const {
 }
 
 Block* BlockPool::try_allocate(std::size_t size, StreamId stream, std::size_t alignment) {
-  CUARENA_ASSERT(size % kMinBlockSize == 0 && alignment != 0 && (alignment & (alignment - 1)) == 0,
+  CUARENA_ASSERT(size % kMinBlockSize == 0 && std::has_single_bit(alignment),
                  "try_allocate: size a multiple of 512, alignment a power of two");
   // Aligned: any block of `span` bytes holds an aligned range of `size` (addresses are
   // multiples of 512).

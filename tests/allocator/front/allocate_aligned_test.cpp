@@ -18,12 +18,7 @@ namespace {
 class AllocateAligned : public ::testing::TestWithParam<Mode> {
  protected:
   AllocateAligned() : sim_(options()), a_(sim_, Config::parse(GetParam().config)) {}
-  static SimBackend::Options options() {
-    SimBackend::Options o = sim_options(2 * GiB, /*latency=*/4);
-    o.segments = GetParam().segments;
-    return o;
-  }
-  static DevicePtr at(const void* p) { return reinterpret_cast<DevicePtr>(p); }
+  static SimBackend::Options options() { return mode_options(GetParam(), 2 * GiB, /*latency=*/4); }
 
   SimBackend sim_;
   Allocator a_;
@@ -36,7 +31,7 @@ TEST_P(AllocateAligned, BlocksStartAtTheAlignmentBehindAnOddOne) {
   for (std::size_t granules : {1, 5, 16, 2}) {
     void* p = a_.allocate_aligned(granules * 2 * MiB, 2 * MiB, 0);
     ASSERT_NE(p, nullptr);
-    EXPECT_EQ(at(p) % (2 * MiB), 0u) << granules << " granules";
+    EXPECT_EQ(addr(p) % (2 * MiB), 0u) << granules << " granules";
     EXPECT_EQ(a_.find(p)->size, granules * 2 * MiB) << "the block is what was asked, no more";
     live.push_back(p);
     a_.check_invariants();
@@ -44,7 +39,7 @@ TEST_P(AllocateAligned, BlocksStartAtTheAlignmentBehindAnOddOne) {
   // Smaller alignments, small sizes: never a slab slot (slots are only 512-byte aligned).
   for (std::size_t alignment : {std::size_t{1024}, 4 * KiB, 64 * KiB}) {
     void* p = a_.allocate_aligned(1000, alignment, 1);
-    EXPECT_EQ(at(p) % alignment, 0u) << alignment;
+    EXPECT_EQ(addr(p) % alignment, 0u) << alignment;
     live.push_back(p);
   }
   a_.check_invariants();
@@ -60,15 +55,15 @@ TEST_P(AllocateAligned, TheHeadStaysFreeAndCostsNoMemory) {
   void* odd = a_.allocate(2 * MiB + 512 * KiB, 0);  // the head: 1.5 MiB, past the slabs' sizes
   const std::int64_t before = reserved(a_);
   void* p = a_.allocate_aligned(8 * MiB, 2 * MiB, 0);
-  ASSERT_EQ(at(p) % (2 * MiB), 0u);
+  ASSERT_EQ(addr(p) % (2 * MiB), 0u);
   // The aligned block needs its own granules and no more: the odd block's last granule, which
   // the head lies in, was already there.
   EXPECT_EQ(reserved(a_) - before, std::int64_t(8 * MiB));
   // The head, between the odd block and the aligned one, serves the next request that fits it.
-  const DevicePtr head = at(odd) + 2 * MiB + 512 * KiB;
-  ASSERT_LT(head, at(p));
-  void* q = a_.allocate(at(p) - head, 0);
-  EXPECT_EQ(at(q), head) << "the head was not left free in place";
+  const DevicePtr head = addr(odd) + 2 * MiB + 512 * KiB;
+  ASSERT_LT(head, addr(p));
+  void* q = a_.allocate(addr(p) - head, 0);
+  EXPECT_EQ(addr(q), head) << "the head was not left free in place";
   a_.check_invariants();
   for (void* x : {q, p, odd}) a_.deallocate(x);
   a_.check_invariants();
@@ -80,7 +75,7 @@ TEST_P(AllocateAligned, AFreedAlignedBlockIsReusedAligned) {
   a_.deallocate(p);
   const std::int64_t created = a_.stats().num_device_alloc;
   void* again = a_.allocate_aligned(6 * MiB, 2 * MiB, 0);
-  EXPECT_EQ(at(again) % (2 * MiB), 0u);
+  EXPECT_EQ(addr(again) % (2 * MiB), 0u);
   EXPECT_EQ(a_.stats().num_device_alloc, created) << "the freed block's memory was not reused";
   a_.deallocate(again);
   a_.deallocate(odd);

@@ -18,11 +18,7 @@ namespace {
 class AllocateCached : public ::testing::TestWithParam<Mode> {
  protected:
   AllocateCached() : sim_(options()), a_(sim_, Config::parse(GetParam().config)) {}
-  static SimBackend::Options options() {
-    SimBackend::Options o = sim_options(2 * GiB, /*latency=*/4);
-    o.segments = GetParam().segments;
-    return o;
-  }
+  static SimBackend::Options options() { return mode_options(GetParam(), 2 * GiB, /*latency=*/4); }
   std::int64_t created() const { return a_.stats().num_device_alloc; }
 
   SimBackend sim_;

@@ -18,9 +18,7 @@ namespace {
 class ReservationObserver : public ::testing::TestWithParam<Mode> {};
 
 TEST_P(ReservationObserver, EventsSumToReservedAndPairByAddress) {
-  SimBackend::Options o = sim_options(2 * GiB, /*latency=*/8);
-  o.segments = GetParam().segments;
-  SimBackend sim(o);
+  SimBackend sim(mode_options(GetParam(), 2 * GiB, /*latency=*/8));
   Config config = Config::parse(GetParam().config);
   // A limit close to the workload, so chunks are released and memory moves.
   config.per_process_memory_fraction = 0.5;
