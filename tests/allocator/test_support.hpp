@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "cuarena/allocator.hpp"
 #include "cuarena/sim_backend.hpp"
@@ -35,6 +36,14 @@ inline constexpr Mode kModes[] = {{"whole_chunks", "", false},
                                   {"memory_first", "whole_chunk_min:0", false},
                                   {"loop_plan", "loop_plan:True", false},
                                   {"segments", "upstream:malloc", true}};
+
+/// kModes but segments: the modes that map granules on demand.
+inline std::vector<Mode> mapped_modes() {
+  std::vector<Mode> out;
+  for (const Mode& m : kModes)
+    if (!m.segments) out.push_back(m);
+  return out;
+}
 
 /// sim_options() for a simulated device of `mode`'s kind (segments or mappings).
 inline SimBackend::Options mode_options(const Mode& mode, std::size_t capacity,

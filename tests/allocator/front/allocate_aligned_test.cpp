@@ -100,9 +100,7 @@ TEST_P(AllocateAligned, TooLargeToEverFitIsOutOfMemory) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, AllocateAligned, ::testing::ValuesIn(kModes),
                          [](const auto& info) { return std::string(info.param.name); });
-static_assert(!kModes[0].segments && !kModes[1].segments && !kModes[2].segments);
-INSTANTIATE_TEST_SUITE_P(Modes, AllocateAlignedMapped,
-                         ::testing::Values(kModes[0], kModes[1], kModes[2]),
+INSTANTIATE_TEST_SUITE_P(Modes, AllocateAlignedMapped, ::testing::ValuesIn(mapped_modes()),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
