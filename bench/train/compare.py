@@ -13,13 +13,17 @@ Allocators (--allocators, default all three):
               PYTHONPATH=allocator/torch/python and CUARENA_TORCH_LIB (--cuarena-lib, else
               $CUARENA_TORCH_LIB, else build-gpu/lib or build/lib). --cuarena-route run uses
               `python -m cuarena run train.py ...` instead; env forces CUARENA=1.
+--variant NAME=CONF (repeatable) adds a cuarena run named cuarena-NAME with CUARENA_CONF=CONF
+(e.g. --variant "memory_first=whole_chunk_min:0"), after the allocators above.
 Every run gets CUBLAS_WORKSPACE_CONFIG=:4096:8 and none of the caller's PYTORCH_*ALLOC_CONF,
 CUARENA or CUARENA_TRACE variables (CUARENA_CONF is kept for the cuarena runs only).
 
 Prints a markdown table (model | peak reserved native / expandable / cuarena in MiB |
 cuarena / native reserved | median step time over steps 10..N, cuarena / native | losses equal)
 and writes DIR/compare.json (every run's result and the table's figures), DIR/compare.md and
-DIR/<model>-<allocator>.json / .log. Exits 1 if any run failed.
+DIR/<model>-<allocator>.json / .log. A second table has one row per model and run: peak
+reserved / peak requested (1.0 is the floor), median step time / native's, mapping calls per step
+over the last 5 steps (cuarena) and tokens/s (llama_generate). Exits 1 if any run failed.
 """
 
 from __future__ import annotations
@@ -62,7 +66,18 @@ def parse_args(argv=None):
     p.add_argument("--cuarena-lib", default=None, help="libcuarena_torch.so for the source route")
     p.add_argument("--timeout", type=float, default=1200, help="seconds per training run")
     p.add_argument("--python", default=sys.executable)
-    return p.parse_args(argv)
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=CONF",
+                   help="an extra cuarena run, cuarena-NAME, under CUARENA_CONF=CONF")
+    args = p.parse_args(argv)
+    args.variants = {}
+    for v in args.variant:
+        name, sep, conf = v.partition("=")
+        if not sep or not name or not all(c.isalnum() or c in "_-" for c in name):
+            p.error(f"--variant '{v}': give NAME=CONF, NAME of letters, digits, '_' or '-'")
+        if f"cuarena-{name}" in args.variants:
+            p.error(f"--variant '{name}' given twice")
+        args.variants[f"cuarena-{name}"] = conf
+    return args
 
 
 def installed_entry_point() -> bool:
@@ -98,18 +113,21 @@ def cuarena_route(args) -> tuple[str, str | None]:
     return route, lib
 
 
-def run_env(allocator: str, route: str, lib: str | None) -> dict:
+def run_env(allocator: str, route: str, lib: str | None, conf: str | None = None) -> dict:
+    """The environment of one run; `conf`, for a variant, becomes its CUARENA_CONF."""
     env = dict(os.environ)
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUARENA", "CUARENA_TORCH_LIB",
               "CUARENA_TRACE"):
         env.pop(k, None)
-    if allocator != "cuarena":
+    if not allocator.startswith("cuarena"):
         env.pop("CUARENA_CONF", None)
+    elif conf is not None:
+        env["CUARENA_CONF"] = conf
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     env["PYTHONUNBUFFERED"] = "1"
     if allocator == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    elif allocator == "cuarena":
+    elif allocator.startswith("cuarena"):
         if route == "env":
             env["CUARENA"] = "1"
         else:
@@ -122,9 +140,9 @@ def run_env(allocator: str, route: str, lib: str | None) -> dict:
 
 
 def run_command(python: str, allocator: str, route: str, train_args: list[str]) -> list[str]:
-    if allocator == "cuarena" and route == "wrapper":
+    if allocator.startswith("cuarena") and route == "wrapper":
         return [python, str(WRAPPER), str(TRAIN)] + train_args
-    if allocator == "cuarena" and route == "run":
+    if allocator.startswith("cuarena") and route == "run":
         return [python, "-m", "cuarena", "run", str(TRAIN)] + train_args
     return [python, str(TRAIN)] + train_args
 
@@ -152,7 +170,8 @@ def train_once(args, model: str, allocator: str, route: str, lib: str | None,
                   "--out", str(res_path)]
     cmd = run_command(args.python, allocator, route, train_args)
     t0 = time.perf_counter()
-    rc = run_logged(cmd, run_env(allocator, route, lib), log_path, args.timeout)
+    env = run_env(allocator, route, lib, args.variants.get(allocator))
+    rc = run_logged(cmd, env, log_path, args.timeout)
     wall = time.perf_counter() - t0
     if rc == 0 and res_path.is_file():
         res = json.loads(res_path.read_text())
@@ -191,6 +210,17 @@ def summarize(model: str, runs: dict) -> dict:
         row[f"{alloc}_peak_allocated"] = res.get("max_memory_allocated")
         row[f"{alloc}_device_used_peak"] = res.get("device_used_peak_bytes")
         row[f"{alloc}_median_step_s"] = median_step(res)
+        requested = (res.get("memory_stats") or {}).get("requested_bytes.all.peak")
+        if requested and res.get("max_memory_reserved"):
+            row[f"{alloc}_reserved_requested"] = res["max_memory_reserved"] / requested
+        calls = res.get("cuarena_mapping_calls_per_step")
+        if calls:
+            row[f"{alloc}_mapping_calls_last5"] = calls[-5:]
+        if res.get("tokens_per_s") is not None:
+            row[f"{alloc}_tokens_per_s"] = res["tokens_per_s"]
+        mn, ma = median_step(runs.get("native", {})), row[f"{alloc}_median_step_s"]
+        if "error" not in runs.get("native", {"error": 1}) and mn and ma:
+            row[f"{alloc}_step_vs_native"] = ma / mn
         row[f"{alloc}_losses_finite"] = all(math.isfinite(x) for x in res.get("losses", []))
     nat, cua, exp = runs.get("native", {}), runs.get("cuarena", {}), runs.get("expandable", {})
     if "error" not in nat and "error" not in cua and nat and cua:
@@ -249,6 +279,24 @@ def table(rows: list[dict], steps: int) -> str:
     return "\n".join(lines)
 
 
+def ratio_table(rows: list[dict], allocators: list[str]) -> str:
+    """Per model and run: peak reserved / peak requested, step time / native's, mapping calls
+    per step in the last 5 steps, tokens/s."""
+    lines = ["| model | run | peak reserved / peak requested | median step / native's "
+             "| mapping calls, last 5 steps | tokens/s |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        for a in allocators:
+            if f"{a}_error" in r:
+                lines.append(f"| {r['model']} | {a} | failed | | | |")
+                continue
+            rr, st = r.get(f"{a}_reserved_requested"), r.get(f"{a}_step_vs_native")
+            calls, tps = r.get(f"{a}_mapping_calls_last5"), r.get(f"{a}_tokens_per_s")
+            lines.append(f"| {r['model']} | {a} | {f'{rr:.4f}' if rr else '—'} "
+                         f"| {f'{st:.3f}' if st else '—'} | {calls if calls else '—'} "
+                         f"| {f'{tps:.1f}' if tps else '—'} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     models = [m for m in args.models.split(",") if m]
@@ -258,7 +306,9 @@ def main(argv=None) -> int:
             sys.exit(f"compare.py: unknown allocator '{a}' (known: {', '.join(ALLOCATORS)})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    route, lib = cuarena_route(args) if "cuarena" in allocators else ("none", None)
+    allocators += list(args.variants)
+    route, lib = (cuarena_route(args) if any(a.startswith("cuarena") for a in allocators)
+                  else ("none", None))
     print(f"compare.py: models {models}, allocators {allocators}, {args.steps} steps, "
           f"cuarena route {route}" + (f" ({lib})" if lib and route != "env" else ""), flush=True)
 
@@ -281,13 +331,14 @@ def main(argv=None) -> int:
                       f"{(median_step(res) or 0) * 1e3:8.1f} ms, final loss {res['losses'][-1]:.6f}"
                       f" ({res['wall_s']:.0f} s){mapping_calls(res)}", flush=True)
     rows = [summarize(m, results[m]) for m in models]
-    md = table(rows, args.steps)
+    md = table(rows, args.steps) + "\n\n" + ratio_table(rows, allocators)
     print()
     print(md)
     (out / "compare.md").write_text(md + "\n")
     (out / "compare.json").write_text(json.dumps(
         {"steps": args.steps, "seed": args.seed, "models": models, "allocators": allocators,
-         "cuarena_route": route, "cuarena_lib": lib, "rows": rows, "runs": results,
+         "cuarena_route": route, "cuarena_lib": lib, "variants": args.variants, "rows": rows,
+         "runs": results,
          "failed": failed}, indent=1))
     if failed:
         print(f"\ncompare.py: {len(failed)} run(s) failed: {', '.join(failed)}")
