@@ -82,6 +82,13 @@ bool BlockPool::ensure_mapped(Block* b, DevicePtr addr, std::size_t size, Stream
   const std::size_t threshold = defrag_threshold();
   if (ctx_.reserved() + shortfall(r, mappings_.idle_granules()) > threshold && defrag(b, r))
     return true;
+  // 2b. Still past it, memory a loop plan's range holds mapped between its blocks.
+  if (reclaimer_ != nullptr &&
+      ctx_.reserved() + shortfall(r, mappings_.idle_granules()) > threshold) {
+    reclaimer_->reclaim(shortfall(r, mappings_.idle_granules()) / ctx_.granule, stream);
+    reactivate(b, r.holes);  // a hole's own dormant granule may be among those freed
+    if (r.holes.empty()) return true;
+  }
   // Growing past whole_chunk_fraction of the limit: memory is short, so from now on it goes
   // memory-first (fewer bytes for more driver calls; docs/results.md).
   if (can_turn_memory_first() && ctx_.config.whole_chunk_fraction < 1.0 &&

@@ -195,6 +195,38 @@ bool BlockPool::back_part(Block* b, DevicePtr addr, std::size_t size, StreamId s
   return ensure_mapped(b, addr, size, stream);
 }
 
+std::size_t BlockPool::idle_unused(Block* b, DevicePtr lo, DevicePtr hi, std::size_t max_granules,
+                                   std::vector<DevicePtr>& taken) {
+  CUARENA_ASSERT(b->allocated && b->lazy && lo >= b->addr && hi <= b->end() && lo <= hi,
+                 "idle_unused: the run must lie inside a lazy allocated block");
+  Arena& a = *b->arena;
+  std::size_t first = 0, last = 0;
+  a.interior(lo, hi - lo, first, last);
+  last = std::min(last, a.high_water());
+  const std::size_t before = mappings_.idle_granules();
+  auto made = [&] {
+    return mappings_.idle_granules() - std::min(before, mappings_.idle_granules());
+  };
+  // From the top, as unmap_interior does: the low end is what best fit reuses first.
+  for (std::size_t g = last; g > first && made() < max_granules;) {
+    if (!a.is_mapped(g - 1)) {
+      --g;
+      continue;
+    }
+    const Mappings::Extent e = mapping_extent(a.phys(g - 1), g - 1);
+    if (e.first >= first && e.first + e.count <= g) {  // all of its mapping lies in the run
+      for (std::size_t k = e.first; k < e.first + e.count; ++k) taken.push_back(a.granule_addr(k));
+      if (ctx_.config.dormant_maps == 0)
+        mappings_.unmap(a, e.first, e.count);
+      else
+        mappings_.make_dormant(a, e.first);
+    }
+    g = e.first > first ? e.first : first;
+  }
+  ctx_.stats.granules_stolen += std::int64_t(made());
+  return made();
+}
+
 bool BlockPool::backed(const Block* b, DevicePtr addr, std::size_t size) const {
   std::size_t first = 0, last = 0;
   b->arena->covering(addr, size, first, last);

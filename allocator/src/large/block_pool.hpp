@@ -38,6 +38,21 @@
 
 namespace cuarena::detail {
 
+/// Memory that a user of lazy blocks holds mapped under no block of its own (a loop plan's
+/// range between its blocks: LazyReclaimer is PlanServer). Before it grows past the defrag
+/// threshold, the pool asks it for such granules (BlockPool::idle_unused), so memory a plan
+/// holds for requests that did not come backs the requests that did.
+class LazyReclaimer {
+ public:
+  /// Makes up to `granules` granules idle for a request of `stream`, taking only memory whose
+  /// last user's work is ordered before that stream's next (the same stream). Returns how many
+  /// became idle. Called under the device lock, from inside the pool.
+  virtual std::size_t reclaim(std::size_t granules, StreamId stream) = 0;
+
+ protected:
+  ~LazyReclaimer() = default;
+};
+
 class BlockPool {
  public:
   explicit BlockPool(Context& ctx);
@@ -66,6 +81,17 @@ class BlockPool {
   bool back_part(Block* b, DevicePtr addr, std::size_t size, StreamId stream);
   /// True when every granule [addr, addr+size) of b's arena overlaps is mapped.
   bool backed(const Block* b, DevicePtr addr, std::size_t size) const;
+  /// Precondition: no live data lies in [lo, hi) of lazy allocated block b, and its last user's
+  /// work there is ordered before any later use of the memory. Frees the actively mapped
+  /// granules wholly inside [lo, hi) (a whole chunk only if all of it lies there), from the
+  /// top, until `max_granules` became idle: dormant where dormant_maps allows (no driver call;
+  /// back_part takes them back if still idle), else unmapped. Returns the granules made idle;
+  /// appends the address of each granule whose mapping it retired to `taken`.
+  std::size_t idle_unused(Block* b, DevicePtr lo, DevicePtr hi, std::size_t max_granules,
+                          std::vector<DevicePtr>& taken);
+  /// Who holds lazy memory the pool may ask for before growing (nullptr: nobody). `r` must
+  /// outlive the pool or be reset first.
+  void set_reclaimer(LazyReclaimer* r) { reclaimer_ = r; }
 
   /// Splits allocated block b at `at` (a 512-byte multiple strictly inside it): b keeps
   /// [addr, at), the returned allocated block holds [at, end). Nothing is mapped or unmapped;
@@ -230,6 +256,7 @@ class BlockPool {
   Sharing sharing_;                             // after index_: it holds its streams' events
   std::unique_ptr<BlockPlacement> unified_placement_, own_first_placement_;
   bool turned_ = false;  // memory-first by turn_memory_first(), not by the config
+  LazyReclaimer* reclaimer_ = nullptr;
 };
 
 }  // namespace cuarena::detail

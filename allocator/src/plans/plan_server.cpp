@@ -12,9 +12,57 @@ namespace cuarena::detail {
 
 PlanServer::PlanServer(Context& ctx, BlockPool& pool, Host& host)
     : ctx_(ctx), pool_(pool), host_(host) {
-  if (ctx_.config.loop_plan)
+  if (ctx_.config.loop_plan) {
     planner_ = std::make_unique<LoopPlanner>(tuning::kLoopPlanMaxPeriod,
                                              tuning::kLoopPlanCrossStreamMargin);
+    pool_.set_reclaimer(this);
+  }
+}
+
+PlanServer::~PlanServer() {
+  if (planner_) pool_.set_reclaimer(nullptr);
+}
+
+// Only a range whose blocks were all on `stream`: their work is then ordered before the
+// request's, as for the stream's own free blocks (no event needed).
+std::size_t PlanServer::reclaim(std::size_t granules, StreamId stream) {
+  if (!arena_ || arena_->trial() || granules == 0) return 0;
+  const std::vector<StreamId>& used = arena_->streams();
+  if (used.size() > 1 || (used.size() == 1 && used.front() != stream)) return 0;
+  const std::size_t gran = ctx_.granule;
+  const DevicePtr base = arena_->base();
+  if (reclaimed_.empty()) reclaimed_.assign(arena_->bytes() / gran + 1, kKept);
+  std::size_t got = 0;
+  std::vector<DevicePtr> taken;
+  arena_->for_each_gap([&](Block* piece, DevicePtr lo, DevicePtr hi) {
+    // The gap's runs of granules not needed, from the top (as the pool frees them).
+    for (DevicePtr end = hi; end > lo && got < granules;) {
+      DevicePtr start = end;
+      while (start > lo && reclaimed_[(start - 1 - base) / gran] != kNeeded)
+        start = std::max(lo, base + (start - 1 - base) / gran * gran);
+      if (start < end) got += pool_.idle_unused(piece, start, end, granules - got, taken);
+      while (start > lo && reclaimed_[(start - 1 - base) / gran] == kNeeded)
+        start = std::max(lo, base + (start - 1 - base) / gran * gran);
+      end = start;
+    }
+  });
+  for (const DevicePtr at : taken) {
+    reclaimed_[(at - base) / gran] = kGiven;
+    ++given_;
+  }
+  return got;
+}
+
+void PlanServer::note_served(DevicePtr ptr, std::size_t size) {
+  if (given_ == 0) return;
+  const std::size_t gran = ctx_.granule;
+  for (std::size_t g = (ptr - arena_->base()) / gran,
+                   end = (ptr + size - 1 - arena_->base()) / gran;
+       g <= end; ++g) {
+    if (reclaimed_[g] != kGiven) continue;
+    reclaimed_[g] = kNeeded;
+    --given_;
+  }
 }
 
 DevicePtr PlanServer::serve(LiveBlock& rec, StreamId stream) {
@@ -29,6 +77,7 @@ DevicePtr PlanServer::serve(LiveBlock& rec, StreamId stream) {
     arena_->unplace(ptr);  // no memory for this part now: the pool serves it (or reclaims)
     ptr = 0;
   }
+  if (ptr != 0) note_served(ptr, rec.size);
   if (arena_ && arena_->quiet_visits() > checked_visits_) {  // the loop holds least now
     checked_visits_ = arena_->quiet_visits();
     if (arena_->trial() && !arena_->missed()) {
@@ -100,6 +149,8 @@ void PlanServer::back(PlannedRange& a, StreamId stream) {
 
 // The rest of the range comes back as its blocks are freed (free() -> give_back()).
 void PlanServer::end_plan(std::unique_ptr<PlannedRange> a) {
+  reclaimed_.clear();
+  given_ = 0;
   for (Block* piece : a->carve(pool_, tuning::kLoopPlanCarveMinGap)) give_back(piece, *a);
   if (a->holds_memory()) draining_.push_back(std::move(a));
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -26,7 +27,7 @@
 
 namespace cuarena::detail {
 
-class PlanServer {
+class PlanServer final : public LazyReclaimer {
  public:
   /// What the server needs from the allocator around it; called under the device lock.
   class Host {
@@ -46,6 +47,7 @@ class PlanServer {
   /// Plans loops when ctx.config.loop_plan is set; otherwise serves nothing. `pool` and `host`
   /// must outlive the server.
   PlanServer(Context& ctx, BlockPool& pool, Host& host);
+  ~PlanServer();
   PlanServer(const PlanServer&) = delete;
   PlanServer& operator=(const PlanServer&) = delete;
 
@@ -67,6 +69,13 @@ class PlanServer {
   /// learning.
   void drop_backed();
 
+  /// The pool is short: the plan in use gives back granules its range holds mapped under no
+  /// live block, when every block it served was on `stream` (so stream order covers their
+  /// work). Its later blocks there are backed again (back_part); a granule the plan so needed
+  /// again is never given back again (one moving every iteration would cost driver calls every
+  /// iteration). Returns the granules made idle.
+  std::size_t reclaim(std::size_t granules, StreamId stream) override;
+
   /// Adds the backed runs of the planned ranges under no live block to `total`, and raises
   /// `largest` to the longest (as BlockPool::mapped_extents). Bytes.
   void free_extents(std::size_t& total, std::size_t& largest) const;
@@ -84,6 +93,9 @@ class PlanServer {
   /// Frees a piece of `a`'s backing into the pool once every stream that used `a` is done.
   void give_back(Block* piece, const PlannedRange& a);
   PlannedRange* arena_holding(DevicePtr ptr) const;
+  /// Notes that the plan in use served [ptr, ptr+size): granules reclaim() gave away there
+  /// become needed.
+  void note_served(DevicePtr ptr, std::size_t size);
 
   Context& ctx_;
   BlockPool& pool_;
@@ -93,6 +105,11 @@ class PlanServer {
   std::vector<std::unique_ptr<PlannedRange>> draining_;
   bool trimmed_ = false;            // the pool's cache was given back after the plan's first period
   std::size_t checked_visits_ = 0;  // arena_->quiet_visits() at the last quiet point seen
+  /// Per granule of arena_'s range, once reclaim() ran: kGiven (reclaim() took it and the plan
+  /// has not served there since) or kNeeded (served there after that: never taken again).
+  enum GranuleState : std::uint8_t { kKept = 0, kGiven = 1, kNeeded = 2 };
+  std::vector<GranuleState> reclaimed_;
+  std::size_t given_ = 0;  // granules in kGiven
 };
 
 }  // namespace cuarena::detail

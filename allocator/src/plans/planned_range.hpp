@@ -56,6 +56,9 @@ class PlannedRange {
   bool trial() const { return bytes_ == 0; }
 
   bool contains(DevicePtr p) const { return !held_.empty() && p >= base_ && p < base_ + bytes_; }
+  /// The range's first address and its bytes (0 while on trial).
+  DevicePtr base() const { return base_; }
+  std::size_t bytes() const { return bytes_; }
   /// For an arena no longer placing (the plan no longer fits the loop, or memory is short): cuts
   /// the backing
   /// around the blocks still live: returns the pieces no block uses, in address order, for the

@@ -204,4 +204,23 @@ TEST(Cases, TurningMemoryFirstIsWhatFitsTheFence) {
   EXPECT_GT(at_capacity(events, "whole_chunk_fraction:1", bytes).ooms, 0u);
 }
 
+// A loop plan over memory first holds memory first's footprint: on the whole recorded jobs,
+// where the job's real loop differs from the first one planned (the pool serves what the plan
+// did not foresee, from the memory the plan's range holds between its blocks), and on the cases.
+// (jobs/gpt2 is the known miss: its plan's fixed layout extends 6% past its live peak, 1.0536
+// against memory first's 1.0117; docs/results.md.)
+TEST(LoopPlanTargets, WithMemoryFirstWithinOnePercentOfMemoryFirst) {
+  for (const char* file :
+       {"jobs/resnet50.pickle.gz", "jobs/gpt2_varlen.pickle.gz", "gpt2_train.pickle.gz",
+        "moe_train.pickle.gz", "cases/05-maxsplit-expandable-fence.pickle.gz",
+        "cases/12-identical-epochs-reserved-growth.pickle.gz"}) {
+    SCOPED_TRACE(file);
+    const auto events = load_trace(std::string(CUARENA_TRACE_DIR) + "/" + file);
+    const Result mf = replay_cuarena(events, options("whole_chunk_min:0"));
+    const Result plan = replay_cuarena(events, options("loop_plan:True,whole_chunk_min:0"));
+    EXPECT_EQ(plan.ooms, 0u);
+    EXPECT_LE(plan.reserved_ratio, mf.reserved_ratio + 0.01);
+  }
+}
+
 }  // namespace
