@@ -14,7 +14,7 @@
 #   tools/torch-matrix.sh 2.8 2.15        # only these (tools/test.sh runs the oldest and newest)
 #
 # Environments go to .venv-torch/2.X (kept, so a rerun only reinstalls cuarena; delete the
-# folder to start over), logs to .venv-torch/2.X/*.log. Each environment is about 5.5 GB (torch
+# folder to start over), logs to .venv-torch/2.X/*.log. Each environment is about 6-7 GB (torch
 # and its CUDA libraries); the first install of a minor takes one to two minutes on a fast link.
 # Needs python3 with venv, a C++ compiler, the CUDA toolkit (nvcc) and network access to PyPI.
 set -uo pipefail
