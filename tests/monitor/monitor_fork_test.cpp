@@ -51,7 +51,7 @@ TEST(MonitorFork, AChildNeitherWritesNorRemovesItsParentsPage) {
     const pid_t me = getpid();
     if (write(fds[1], &me, sizeof me) != sizeof me) std::_Exit(4);
     // Never destroyed; held from a static so LeakSanitizer sees it reachable at exit.
-    static MonitorPublisher* kept = nullptr;
+    [[maybe_unused]] static MonitorPublisher* kept = nullptr;
     kept = own.release();
     std::exit(0);
   });
