@@ -83,9 +83,9 @@ bool BlockPool::ensure_mapped(Block* b, DevicePtr addr, std::size_t size, Stream
   if (ctx_.reserved() + shortfall(r, mappings_.idle_granules()) > threshold && defrag(b, r))
     return true;
   // 2b. Still past it, memory a loop plan's range holds mapped between its blocks.
-  if (reclaimer_ != nullptr &&
-      ctx_.reserved() + shortfall(r, mappings_.idle_granules()) > threshold) {
-    reclaimer_->reclaim(shortfall(r, mappings_.idle_granules()) / ctx_.granule, stream);
+  if (const std::size_t short_bytes = shortfall(r, mappings_.idle_granules());
+      reclaimer_ != nullptr && ctx_.reserved() + short_bytes > threshold) {
+    reclaimer_->reclaim(short_bytes / ctx_.granule, stream);
     reactivate(b, r.holes);  // a hole's own dormant granule may be among those freed
     if (r.holes.empty()) return true;
   }

@@ -36,14 +36,14 @@ std::size_t PlanServer::reclaim(std::size_t granules, StreamId stream) {
   std::vector<DevicePtr> taken;
   arena_->for_each_gap([&](Block* piece, DevicePtr lo, DevicePtr hi) {
     // The gap's runs of granules not needed, from the top (as the pool frees them).
-    for (DevicePtr end = hi; end > lo && got < granules;) {
-      DevicePtr start = end;
-      while (start > lo && reclaimed_[(start - 1 - base) / gran] != kNeeded)
-        start = std::max(lo, base + (start - 1 - base) / gran * gran);
-      if (start < end) got += pool_.idle_unused(piece, start, end, granules - got, taken);
-      while (start > lo && reclaimed_[(start - 1 - base) / gran] == kNeeded)
-        start = std::max(lo, base + (start - 1 - base) / gran * gran);
-      end = start;
+    const std::size_t g_lo = (lo - base) / gran, g_hi = (hi - base + gran - 1) / gran;
+    for (std::size_t g = g_hi; g > g_lo && got < granules;) {
+      const std::size_t top = g;
+      while (g > g_lo && reclaimed_[g - 1] != kNeeded) --g;
+      if (g < top)
+        got += pool_.idle_unused(piece, std::max(lo, base + g * gran),
+                                 std::min(hi, base + top * gran), granules - got, taken);
+      while (g > g_lo && reclaimed_[g - 1] == kNeeded) --g;
     }
   });
   for (const DevicePtr at : taken) {

@@ -3,7 +3,6 @@
 // RandomizedLoopPlan.)
 #include <gtest/gtest.h>
 
-#include <utility>
 #include <vector>
 
 #include "test_support.hpp"
@@ -100,11 +99,17 @@ TEST(LoopPlan, FragmentationCountsOnlyTheBackedPartOfTheRange) {
 
 // A loop of A (32 MiB, stream 1), C (16 MiB, on `c_stream`) live together, then B (24 MiB,
 // stream 1) once both are freed: planned A at 0, C at 32 MiB and B at 0, a range of 48 MiB.
-// Runs it until a whole iteration is served by the plan, then one iteration that keeps A live
-// while it asks for B: the plan cannot place B (A holds its bytes) and the pool serves it, with
-// no request the plan did not foresee. Returns the memory held while B is live, and that before.
-std::pair<std::size_t, std::size_t> b_while_a_lives(SimBackend& sim, Allocator& a,
-                                                    StreamId c_stream) {
+// Runs it (plan + memory first) until a whole iteration is served by the plan, then one
+// iteration that keeps A live while it asks for B: the plan cannot place B (A holds its bytes)
+// and the pool serves it, with no request the plan did not foresee.
+struct BWhileALives {
+  std::size_t held = 0;    ///< memory held after the last whole planned iteration
+  std::size_t with_b = 0;  ///< memory held while the pool's B is live
+  Stats stats;
+};
+BWhileALives b_while_a_lives(StreamId c_stream) {
+  SimBackend sim(sim_options());
+  Allocator a(sim, Config::parse("loop_plan:True,whole_chunk_min:0"));
   auto iteration = [&](bool deviate) {
     void* pa = a.allocate(32 * MiB, 1);
     void* pc = a.allocate(16 * MiB, c_stream);
@@ -117,39 +122,36 @@ std::pair<std::size_t, std::size_t> b_while_a_lives(SimBackend& sim, Allocator& 
     sim.advance(300);  // past the cross-stream margin: C's fence completes
     return held;
   };
+  BWhileALives r;
   for (int it = 0; it < 40; ++it) {
     const std::int64_t before = a.stats().planned_allocations;
     iteration(false);
     if (a.stats().planned_allocations - before == 3) {
-      const std::size_t held = sim.physical_bytes();
-      return {iteration(true), held};
+      r.held = sim.physical_bytes();
+      r.with_b = iteration(true);
+      a.check_invariants();
+      r.stats = a.stats();
+      return r;
     }
   }
   ADD_FAILURE() << "the loop was never planned";
-  return {0, 0};
+  return r;
 }
 
 TEST(LoopPlan, ARequestThePlanCannotPlaceTakesItsIdleMemory) {
   // B is served by the pool while C's bytes in the range lie idle: the pool takes them (16 of
   // the 24 MiB) instead of growing by all of B.
-  SimBackend sim(sim_options());
-  Allocator a(sim, Config::parse("loop_plan:True,whole_chunk_min:0"));
-  const auto [with_b, held] = b_while_a_lives(sim, a, 1);
-  EXPECT_LE(with_b, held + 8 * MiB);
-  a.check_invariants();
-  const Stats s = a.stats();
-  EXPECT_EQ(s.num_alloc_retries, 0);
-  EXPECT_GE(s.loop_plans, 1);
+  const BWhileALives r = b_while_a_lives(1);
+  EXPECT_LE(r.with_b, r.held + 8 * MiB);
+  EXPECT_EQ(r.stats.num_alloc_retries, 0);
+  EXPECT_GE(r.stats.loop_plans, 1);
 }
 
 TEST(LoopPlan, NoRangeMemoryForAStreamItsBlocksDidNotUse) {
   // C was on stream 2: its work there is not ordered before stream 1's B, so the pool must not
   // take C's idle bytes for B (it grows by all of B instead).
-  SimBackend sim(sim_options());
-  Allocator a(sim, Config::parse("loop_plan:True,whole_chunk_min:0"));
-  const auto [with_b, held] = b_while_a_lives(sim, a, 2);
-  EXPECT_GE(with_b, held + 24 * MiB);
-  a.check_invariants();
+  const BWhileALives r = b_while_a_lives(2);
+  EXPECT_GE(r.with_b, r.held + 24 * MiB);
 }
 
 }  // namespace
