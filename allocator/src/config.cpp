@@ -182,8 +182,9 @@ const ConfigTable<Config>& Config::table() {
       size_key("stream_cache_bytes", &C::stream_cache_bytes, 0, kNoSizeLimit,
                "most bytes each stream's cache may hold: a free that finds the device lock taken "
                "by another thread parks its block there, and that stream's next allocation of "
-               "the same size takes it without the lock (0: no caches; peaks may under-read by "
-               "at most this much per stream while threads contend)"),
+               "the same size takes it without the lock (0: no caches; none under loop_plan, "
+               "whose planner must see every free; peaks may under-read by at most this much "
+               "per stream while threads contend)"),
       uint_key("sweep_interval", &C::sweep_interval, 1, std::uint64_t{1} << 20,
                "frees on a stream between checks of its sweep event"),
       size_key("va_reserve", &C::va_reserve, 0, 4 * kMaxDeviceBytes,

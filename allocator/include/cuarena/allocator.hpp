@@ -17,11 +17,11 @@
 // Allocator (the device lock) guards the pool; when a free finds it held by another thread, the
 // block is parked in its stream's cache (config stream_cache_bytes) and the next allocation of the
 // same rounded size on that stream takes it back without the lock, so threads working on their own
-// streams scale instead of queuing. Parked blocks return to the pool at process_events(),
-// release_cached() and before an out-of-memory error. Statistics count a parked block as freed;
-// with threads contending, a peak_* value may under-read by at most the bytes parked
-// (stream_cache_bytes per stream) because the fast path's changes are summed before they reach
-// the statistics.
+// streams scale instead of queuing (not under loop_plan, whose planner must see every free). Parked
+// blocks return to the pool at process_events(), release_cached() and before an out-of-memory
+// error. Statistics count a parked block as freed; with threads contending, a peak_* value may
+// under-read by at most the bytes parked (stream_cache_bytes per stream) because the fast path's
+// changes are summed before they reach the statistics.
 #pragma once
 
 #include <cstddef>

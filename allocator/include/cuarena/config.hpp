@@ -88,7 +88,8 @@ struct Config {
   /// Most bytes of freed blocks each stream's cache may hold (a block is parked there only when
   /// its free finds the device lock held by another thread; see allocator.hpp). Bounds the extra
   /// memory threads contending can hold, and how far a peak statistic may under-read. 0: no
-  /// stream caches (every free waits for the lock).
+  /// stream caches (every free waits for the lock). None under loop_plan either: its planner
+  /// must see every free and every allocation, in order.
   std::size_t stream_cache_bytes = std::size_t{32} << 20;
   /// Frees on a stream between checks of its sweep event (which lets blocks freed there become
   /// reusable by other streams and stealable). Lower: less memory, more event calls.

@@ -167,7 +167,9 @@ class Allocator::Impl final : private detail::PlanServer::Host {
     LiveBlock& rec = *taken;
     std::unique_lock lock(mu_, std::defer_lock);
     StreamCache* cache = nullptr;
-    if (rec.uses.empty() && config_.stream_cache_bytes != 0 && !rec.planned) {
+    // Not under a loop plan: the planner must see every free, and the allocation that would take
+    // a parked block back, in order (a parked free never reaches it).
+    if (rec.uses.empty() && config_.stream_cache_bytes != 0 && !config_.loop_plan) {
       // Park the block in its stream's cache rather than queue for the device lock: when the
       // lock is taken, or while the stream is parking (it met a taken lock since its last drain).
       const CachedBlock b{ptr, rec.size, rec.slab, rec.block};

@@ -255,6 +255,46 @@ TEST(StreamCache, AStreamKeepsParkingUntilTheNextDrain) {
   EXPECT_NO_THROW(a.check_invariants());
 }
 
+// A loop plan learns the loop from every request and free in order. A free parked in a stream
+// cache (and the allocation that takes it back) would never reach the planner, so the loop it
+// learns is not the job's: with PyTorch's autograd thread freeing while the main thread
+// allocates, such a plan missed every step. Here one free of each iteration meets the lock taken.
+TEST(StreamCache, UnderALoopPlanContendedFreesStillReachThePlan) {
+  SimBackend sim(sim_options(1 * GiB, 1));
+  GatedBackend gate(sim);
+  Allocator a(gate, config("loop_plan:True"));
+  constexpr int kRequests = 3;  // per iteration
+  auto iteration = [&] {
+    void* x = a.allocate(24 * MiB, 1);
+    void* y = a.allocate(4 * MiB, 1);
+    a.deallocate(x);
+    std::promise<void> locked, go;
+    std::thread holder([&] {
+      a.with_device_lock([&] {
+        locked.set_value();
+        go.get_future().wait();
+      });
+    });
+    locked.get_future().wait();
+    std::future<void> f = std::async(std::launch::async, [&] { a.deallocate(y); });
+    f.wait_for(20ms);  // parked by now, where frees may park
+    go.set_value();
+    holder.join();
+    f.get();
+    void* z = a.allocate(8 * MiB, 2);
+    a.deallocate(z);
+  };
+  for (int it = 0; it < 12; ++it) iteration();
+  ASSERT_GE(a.stats().loop_plans, 1) << "the loop was never planned";
+  const Stats before = a.stats();
+  for (int it = 0; it < 4; ++it) iteration();
+  const Stats after = a.stats();
+  EXPECT_EQ(after.planned_allocations - before.planned_allocations, 4 * kRequests)
+      << "stream cache hits: " << after.stream_cache_hits - before.stream_cache_hits;
+  EXPECT_EQ(after.map_calls, before.map_calls) << "the plan in use still maps";
+  EXPECT_NO_THROW(a.check_invariants());
+}
+
 TEST(StreamCache, DoubleFreeOfAParkedBlockIsRejected) {
   SimBackend sim(sim_options(1 * GiB, 1));
   GatedBackend gate(sim);
