@@ -183,10 +183,35 @@ std::optional<Plan> LoopPlanner::take_plan(std::size_t& phase) {
   planned_period_ = period;
   std::erase_if(candidates_, [&](const Candidate& c) { return c.period <= period; });
   phase = 0;  // the next request repeats the earlier period's first one
-  return build(first, period);
+  return build(first, period, first, /*find_quiet=*/true);
 }
 
-Plan LoopPlanner::build(std::uint64_t first, std::size_t period) const {
+std::optional<Plan> LoopPlanner::refresh(const Plan& plan, std::uint64_t last_seq,
+                                         std::size_t last_entry) const {
+  const std::size_t period = plan.entries.size();
+  CUARENA_ASSERT(last_entry < period && last_seq < next_seq(), "refresh: not a followed request");
+  if (last_seq < last_entry + period || last_seq - last_entry - period < first_seq_)
+    return std::nullopt;
+  const std::uint64_t first = last_seq - last_entry - period;  // its next iteration has begun
+  std::uint64_t oldest = first;
+  auto same = [&](std::uint64_t from) {
+    for (std::size_t k = 0; k < period; ++k) {
+      if (!(at(from + k).token == plan.entries[k].token)) return false;
+    }
+    return true;
+  };
+  if (!same(first)) return std::nullopt;
+  while (oldest >= first_seq_ + period && same(oldest - period)) oldest -= period;
+  Plan fresh = build(first, period, oldest, /*find_quiet=*/false);
+  fresh.quiet = plan.quiet;
+  return fresh;
+}
+
+Plan LoopPlanner::build(std::uint64_t first, std::size_t period, std::uint64_t oldest,
+                        bool find_quiet) const {
+  CUARENA_ASSERT(oldest <= first && (first - oldest) % period == 0 && oldest >= first_seq_ &&
+                     first + period < next_seq(),
+                 "build: the iterations must be in the history");
   Plan plan;
   plan.entries.resize(period);
   const std::uint64_t t0 = at(first).t_alloc;
@@ -194,14 +219,19 @@ Plan LoopPlanner::build(std::uint64_t first, std::size_t period) const {
   std::vector<PackItem> items;
   std::vector<std::uint32_t> entry_of;
   for (std::size_t k = 0; k < period; ++k) {
-    const Request& r = at(first + k);
-    plan.entries[k].token = r.token;
+    plan.entries[k].token = at(first + k).token;
     // A block still live, or living longer than an iteration, would overlap its own next
-    // instance: served elsewhere.
-    if (r.t_free == kLive || r.t_free - r.t_alloc > ticks) continue;
-    const std::uint64_t start = r.t_alloc - t0;
-    items.push_back({r.token.size, start, start + (r.t_free - r.t_alloc), r.token.stream});
-    entry_of.push_back(std::uint32_t(k));
+    // instance: an earlier one, or else served elsewhere.
+    for (std::uint64_t begin = first;; begin -= period) {  // an iteration's first request
+      const Request& r = at(begin + k);
+      if (r.t_free != kLive && r.t_free - r.t_alloc <= ticks) {
+        const std::uint64_t start = std::min(r.t_alloc - at(begin).t_alloc, ticks - 1);
+        items.push_back({r.token.size, start, start + (r.t_free - r.t_alloc), r.token.stream});
+        entry_of.push_back(std::uint32_t(k));
+        break;
+      }
+      if (begin < oldest + period) break;
+    }
   }
   std::vector<std::size_t> offsets;
   std::vector<bool> fence;
@@ -234,7 +264,7 @@ Plan LoopPlanner::build(std::uint64_t first, std::size_t period) const {
   for (std::size_t i = 0; i < items.size(); ++i)
     planned_size[entry_of[i]] = std::int64_t(items[i].size);
   std::pair<std::int64_t, std::size_t> least{INT64_MAX, SIZE_MAX};
-  for (std::size_t k = 0; k < period; ++k) {
+  for (std::size_t k = 0; k < period && find_quiet; ++k) {
     const std::uint64_t t = at(first + k).t_alloc - t0;
     const std::pair<std::int64_t, std::size_t> here{live_at[t] - planned_size[k],
                                                     at(first + period + k).live};

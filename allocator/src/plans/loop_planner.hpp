@@ -101,6 +101,14 @@ class LoopPlanner {
   /// `phase` is the entry the next request corresponds to. A loop inside the loop (one layer of
   /// many) repeats first; the loop itself, longer, replaces its plan once it has repeated.
   std::optional<Plan> take_plan(std::size_t& phase);
+  /// `plan` (one take_plan() handed out) rebuilt from the newest iteration that has ended: the one
+  /// before the iteration in progress, whose entry `last_entry` was request `last_seq`. Each
+  /// entry takes its newest instance freed within an iteration, so a request an early iteration
+  /// made once for good (an optimizer's state, matching a later one's gradient by size) no longer
+  /// leaves its entry unplanned. The quiet entry stays. nullopt when the history lacks that
+  /// iteration or its requests are not the plan's.
+  std::optional<Plan> refresh(const Plan& plan, std::uint64_t last_seq,
+                              std::size_t last_entry) const;
   /// Forgets the plan handed out (its range was given back): any period may be planned again.
   void forget() { planned_period_ = 0; }
 
@@ -123,7 +131,11 @@ class LoopPlanner {
   void update_candidates(std::uint64_t seq);
   /// Starts following `period` as a candidate if the window ending at `seq` repeats there.
   void propose(std::uint64_t seq, std::size_t period);
-  Plan build(std::uint64_t first, std::size_t period) const;
+  /// The plan of the iteration of `period` requests starting at request `first`. An entry whose
+  /// request there is live or outlives an iteration takes the instance one period earlier
+  /// instead, back to `oldest` (a multiple of `period` before `first`), else stays unplanned.
+  /// `find_quiet`: choose Plan::quiet (needs the next iteration recorded too).
+  Plan build(std::uint64_t first, std::size_t period, std::uint64_t oldest, bool find_quiet) const;
 
   static constexpr std::size_t kMaxCandidates = 32;
   static constexpr std::size_t kOccurrences = 4;  ///< earlier occurrences kept per window

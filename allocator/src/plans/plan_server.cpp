@@ -81,6 +81,12 @@ DevicePtr PlanServer::serve(LiveBlock& rec, StreamId stream) {
   if (arena_ && arena_->quiet_visits() > checked_visits_) {  // the loop holds least now
     checked_visits_ = arena_->quiet_visits();
     if (arena_->trial() && !arena_->missed()) {
+      // Planned afresh from the iterations the trial followed: those of the plan's making may
+      // hold a request made once for good where later ones free theirs.
+      const std::size_t n = arena_->plan().entries.size();
+      if (std::optional<Plan> fresh =
+              planner_->refresh(arena_->plan(), rec.seq, (arena_->cursor() + n - 1) % n))
+        arena_->replan(std::move(*fresh));
       back(*arena_, stream);
     } else if (!arena_->trial() && !trimmed_) {
       // One whole period served by the plan: what the pool still caches is memory the loop

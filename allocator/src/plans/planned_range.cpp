@@ -14,6 +14,16 @@ PlannedRange::PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase)
                  "a plan needs entries and a phase among them");
 }
 
+void PlannedRange::replan(Plan fresh) {
+  CUARENA_ASSERT(trial() && fresh.entries.size() == plan_.entries.size(),
+                 "replan: only a plan on trial, by one of the same period");
+  CUARENA_ASSERT_INTERNAL(
+      std::equal(fresh.entries.begin(), fresh.entries.end(), plan_.entries.begin(),
+                 [](const Plan::Entry& a, const Plan::Entry& b) { return a.token == b.token; }),
+      "replan: not the same requests");
+  plan_ = std::move(fresh);
+}
+
 void PlannedRange::attach(Block* backing) {
   CUARENA_ASSERT(
       trial() && backing != nullptr && backing->allocated && backing->size >= plan_.bytes,

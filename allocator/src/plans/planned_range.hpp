@@ -76,6 +76,11 @@ class PlannedRange {
   /// Streams that had blocks here: their work must finish before the backing is reused.
   const std::vector<StreamId>& streams() const { return streams_; }
   const Plan& plan() const { return plan_; }
+  /// The entry the next request corresponds to.
+  std::size_t cursor() const { return cursor_; }
+  /// On trial: replaces the plan by `fresh`, the same requests in the same order (replanned
+  /// from later iterations: LoopPlanner::refresh()).
+  void replan(Plan fresh);
 
   /// Calls f(piece, lo, hi) for each run [lo, hi) of a held piece under no live block, in
   /// address order (a lazy range's runs may lack memory: the caller asks the pool).

@@ -154,4 +154,31 @@ TEST(LoopPlan, NoRangeMemoryForAStreamItsBlocksDidNotUse) {
   EXPECT_GE(r.with_b, r.held + 24 * MiB);
 }
 
+TEST(LoopPlan, ABlockTheFirstIterationKeptIsPlannedFromALaterOne) {
+  // The first iteration keeps a block for good (as an optimizer's state, made at its
+  // first step, matches a later step's gradient of the same size), so the plan, made from that
+  // iteration, finds it live. Planned afresh from the iterations its trial followed, it serves
+  // that request too, each iteration, instead of leaving it to the pool.
+  SimBackend sim(sim_options());
+  Allocator a(sim, Config::parse("loop_plan:True,whole_chunk_min:0"));
+  constexpr int kRequests = 10;
+  void* kept = nullptr;
+  auto iteration = [&](int it) {
+    std::vector<void*> live;
+    for (int k = 0; k < kRequests; ++k) live.push_back(a.allocate(std::size_t(k + 1) * MiB, 1));
+    if (it == 0) kept = live[kRequests / 2];
+    for (void* p : live)
+      if (p != kept) a.deallocate(p);
+  };
+  for (int it = 0; it < 12; ++it) iteration(it);
+  ASSERT_GE(a.stats().loop_plans, 1) << "the loop was never planned";
+  const Stats before = a.stats();
+  for (int it = 12; it < 15; ++it) iteration(it);
+  const Stats after = a.stats();
+  EXPECT_EQ(after.planned_allocations - before.planned_allocations, 3 * kRequests);
+  EXPECT_EQ(after.map_calls, before.map_calls);
+  a.check_invariants();
+  a.deallocate(kept);
+}
+
 }  // namespace
