@@ -52,6 +52,13 @@ inline constexpr std::uint64_t kLoopPlanCrossStreamMargin = 256;
 /// A retired plan's range is cut around the blocks still live in it; free runs shorter than
 /// this stay with them (a run under a 2 MiB granule could free no physical memory).
 inline constexpr std::size_t kLoopPlanCarveMinGap = 2 * MiB;
+/// A plan's packing more than 1% over its live peak re-places its largest long-lived blocks
+/// (pack_cyclic): those of at least 1/kPackHeavyShare of the peak, at most kPackMaxPinned of
+/// them. Each try packs the blocks of at least 1/kPackTrialShare of the peak (the small ones
+/// only fill gaps), at most 2 x pinned x (heavy blocks + 1) tries, under the device lock.
+inline constexpr std::size_t kPackHeavyShare = 20;
+inline constexpr std::size_t kPackTrialShare = 1000;
+inline constexpr std::size_t kPackMaxPinned = 4;
 
 // --- Whole chunks ------------------------------------------------------------------------------
 
