@@ -24,7 +24,9 @@ PlanServer::~PlanServer() {
 }
 
 // Only a range whose blocks were all on `stream`: their work is then ordered before the
-// request's, as for the stream's own free blocks (no event needed).
+// request's. But a granule taken is unmapped on the host, at once or (dormant) later, and
+// kernels queued on the blocks freed there may not have run yet: the host first waits for the
+// stream (the pool's own granules move only once their sweep event says the same).
 std::size_t PlanServer::reclaim(std::size_t granules, StreamId stream) {
   if (!arena_ || arena_->trial() || granules == 0) return 0;
   const std::vector<StreamId>& used = arena_->streams();
@@ -34,12 +36,21 @@ std::size_t PlanServer::reclaim(std::size_t granules, StreamId stream) {
   if (reclaimed_.empty()) reclaimed_.assign(arena_->bytes() / gran + 1, kKept);
   std::size_t got = 0;
   std::vector<DevicePtr> taken;
+  bool waited = false;
+  auto wait_for_stream = [&] {
+    const EventId e = ctx_.backend.record_event(stream);
+    ++ctx_.stats.events_recorded;
+    ctx_.backend.wait_event(e);
+    ctx_.backend.release_event(e);
+    waited = true;
+  };
   arena_->for_each_gap([&](Block* piece, DevicePtr lo, DevicePtr hi) {
     // The gap's runs of granules not needed, from the top (as the pool frees them).
     const std::size_t g_lo = (lo - base) / gran, g_hi = (hi - base + gran - 1) / gran;
     for (std::size_t g = g_hi; g > g_lo && got < granules;) {
       const std::size_t top = g;
       while (g > g_lo && reclaimed_[g - 1] != kNeeded) --g;
+      if (g < top && !waited) wait_for_stream();
       if (g < top)
         got += pool_.idle_unused(piece, std::max(lo, base + g * gran),
                                  std::min(hi, base + top * gran), granules - got, taken);

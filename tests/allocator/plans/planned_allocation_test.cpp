@@ -105,21 +105,27 @@ TEST(LoopPlan, FragmentationCountsOnlyTheBackedPartOfTheRange) {
 struct BWhileALives {
   std::size_t held = 0;    ///< memory held after the last whole planned iteration
   std::size_t with_b = 0;  ///< memory held while the pool's B is live
+  /// An event recorded on stream 1 just before B was asked for had completed when B came back.
+  bool caught_up = false;
   Stats stats;
 };
-BWhileALives b_while_a_lives(StreamId c_stream) {
-  SimBackend sim(sim_options());
+BWhileALives b_while_a_lives(StreamId c_stream, std::uint64_t latency = 1) {
+  SimBackend sim(sim_options(1 * GiB, latency));
   Allocator a(sim, Config::parse("loop_plan:True,whole_chunk_min:0"));
+  bool caught_up = false;
   auto iteration = [&](bool deviate) {
     void* pa = a.allocate(32 * MiB, 1);
     void* pc = a.allocate(16 * MiB, c_stream);
     a.deallocate(pc);
     if (!deviate) a.deallocate(pa);
+    const EventId before_b = sim.record_event(1);
     void* pb = a.allocate(24 * MiB, 1);
+    caught_up = sim.event_completed(before_b);
+    sim.release_event(before_b);
     const std::size_t held = sim.physical_bytes();
     if (deviate) a.deallocate(pa);
     a.deallocate(pb);
-    sim.advance(300);  // past the cross-stream margin: C's fence completes
+    sim.advance(300 + latency);  // past the cross-stream margin: C's fence completes
     return held;
   };
   BWhileALives r;
@@ -129,6 +135,7 @@ BWhileALives b_while_a_lives(StreamId c_stream) {
     if (a.stats().planned_allocations - before == 3) {
       r.held = sim.physical_bytes();
       r.with_b = iteration(true);
+      r.caught_up = caught_up;
       a.check_invariants();
       r.stats = a.stats();
       return r;
@@ -145,6 +152,15 @@ TEST(LoopPlan, ARequestThePlanCannotPlaceTakesItsIdleMemory) {
   EXPECT_LE(r.with_b, r.held + 8 * MiB);
   EXPECT_EQ(r.stats.num_alloc_retries, 0);
   EXPECT_GE(r.stats.loop_plans, 1);
+}
+
+TEST(LoopPlan, IdleMemoryTakenOnlyOnceTheDeviceIsPastItsBlocks) {
+  // The range's idle granules are unmapped (or left dormant, to be unmapped later) on the host at
+  // once: kernels still queued on C's old bytes would fault. With the device far behind, taking
+  // them waits for the stream first (seen on the GPU: an illegal address in a ResNet-50 step).
+  const BWhileALives r = b_while_a_lives(1, 1000);
+  EXPECT_LE(r.with_b, r.held + 8 * MiB) << "C's bytes were not taken";
+  EXPECT_TRUE(r.caught_up) << "taken while the device had not passed C's free";
 }
 
 TEST(LoopPlan, NoRangeMemoryForAStreamItsBlocksDidNotUse) {
