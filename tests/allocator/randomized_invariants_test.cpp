@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <random>
@@ -62,6 +63,85 @@ constexpr std::size_t kTightCapacity = 512 * MiB;
 // block on another stream, or on any stream when the free had record_stream uses, only once an
 // event recorded at t has completed, i.e. at tick t + latency or later (a host wait moves the
 // simulated clock there). Remembers frees for `latency` ticks.
+// Forwards to a SimBackend and holds the core to unmap()'s precondition: no pending device work
+// uses the range through those addresses. A block's bytes are in use while it is live, and for
+// `latency` ticks after its free (its stream's kernels may still run: on a GPU, unmapping them
+// then is an illegal address). `broken` says the first violation.
+class UnmapGuard final : public DeviceBackend {
+ public:
+  UnmapGuard(SimBackend& sim, std::uint64_t latency) : sim_(sim), latency_(latency) {}
+
+  void allocated(DevicePtr p, std::size_t size) { live_[p] = p + size; }
+  void freed(DevicePtr p) {
+    recent_.push_back({p, live_.at(p), sim_.now()});
+    live_.erase(p);
+  }
+  std::string broken;
+
+  std::size_t granularity() const override { return sim_.granularity(); }
+  std::size_t capacity() const override { return sim_.capacity(); }
+  DevicePtr reserve_address(std::size_t b) override { return sim_.reserve_address(b); }
+  void release_address(DevicePtr va, std::size_t b) override { sim_.release_address(va, b); }
+  PhysHandle create_physical(std::size_t b) override { return sim_.create_physical(b); }
+  PhysHandle create_whole_physical(std::size_t b) override { return sim_.create_whole_physical(b); }
+  void release_physical(PhysHandle c) override { sim_.release_physical(c); }
+  void map(DevicePtr va, std::size_t b, PhysHandle c, std::size_t o) override {
+    sim_.map(va, b, c, o);
+  }
+  void map_no_access(DevicePtr va, std::size_t b, PhysHandle c, std::size_t o) override {
+    sim_.map_no_access(va, b, c, o);
+  }
+  void set_access(DevicePtr va, std::size_t b) override { sim_.set_access(va, b); }
+  void unmap(DevicePtr va, std::size_t b) override {
+    check(va, va + b);
+    sim_.unmap(va, b);
+  }
+  EventId record_event(StreamId s) override { return sim_.record_event(s); }
+  bool event_completed(EventId e) override { return sim_.event_completed(e); }
+  void wait_event(EventId e) override { sim_.wait_event(e); }
+  void release_event(EventId e) override { sim_.release_event(e); }
+  bool supports_mapping() const override { return sim_.supports_mapping(); }
+  DevicePtr allocate_segment(std::size_t b, StreamId s) override {
+    return sim_.allocate_segment(b, s);
+  }
+  void free_segment(DevicePtr p, std::size_t b) override { sim_.free_segment(p, b); }
+  void trim() override { sim_.trim(); }
+
+ private:
+  struct Freed {
+    DevicePtr lo, hi;
+    std::uint64_t tick;
+  };
+  void check(DevicePtr lo, DevicePtr hi) {
+    std::erase_if(recent_, [&](const Freed& f) { return f.tick + latency_ <= sim_.now(); });
+    if (!broken.empty()) return;
+    auto it = live_.upper_bound(lo);
+    if (it != live_.begin() && std::prev(it)->second > lo) it = std::prev(it);
+    if (it != live_.end() && it->first < hi) {
+      broken = "unmapped " + hex(lo) + "-" + hex(hi) + " under the live block at " + hex(it->first);
+      return;
+    }
+    for (const Freed& f : recent_) {
+      if (f.lo < hi && lo < f.hi) {
+        broken = "unmapped " + hex(lo) + "-" + hex(hi) + " at tick " + std::to_string(sim_.now()) +
+                 " under a block freed at tick " + std::to_string(f.tick) +
+                 ", before the device got there";
+        return;
+      }
+    }
+  }
+  static std::string hex(DevicePtr p) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%#llx", static_cast<unsigned long long>(p));
+    return buf;
+  }
+
+  SimBackend& sim_;
+  std::uint64_t latency_;
+  std::map<DevicePtr, DevicePtr> live_;  // block start -> end
+  std::vector<Freed> recent_;
+};
+
 class ReuseGuard {
  public:
   ReuseGuard(const SimBackend& sim, std::uint64_t latency) : sim_(sim), latency_(latency) {}
@@ -201,7 +281,8 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
   SimBackend::Options so = sim_options(sc.capacity, sc.latency);
   so.segments = config.upstream != Upstream::kVmm;  // the segment upstreams' core path
   SimBackend sim(so);
-  Allocator a(sim, config);
+  UnmapGuard unmaps(sim, sc.latency);
+  Allocator a(unmaps, config);
   ReuseGuard guard(sim, sc.latency);
   std::map<DevicePtr, Live> model;
   std::vector<DevicePtr> order;
@@ -229,6 +310,7 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
         ASSERT_TRUE(info.has_value());
         const std::string broken = guard.allocated(addr(p), info->size, stream);
         ASSERT_TRUE(broken.empty()) << broken << " (operation " << op << ", seed " << seed << ")";
+        unmaps.allocated(addr(p), info->size);
       } catch (const OutOfMemoryError&) {
         ++ooms;  // allowed under a small capacity; the model is unchanged
       }
@@ -244,12 +326,15 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
       cross_frees += uses;
       const std::size_t size = a.find(reinterpret_cast<void*>(p))->size;
       guard.freed(p, size, live.stream, uses);
+      unmaps.freed(p);
       a.deallocate(reinterpret_cast<void*>(p));
       model.erase(p);
     }
     if (dice % 7 == 0 || op % 50 == 0) a.process_events();
     if (sc.capacity <= kTightCapacity) turned |= a.stats().memory_first == 1;
     if (op % 997 == 0) a.release_cached();
+    ASSERT_TRUE(unmaps.broken.empty())
+        << unmaps.broken << " (operation " << op << ", seed " << seed << ")";
     if (op % check_every == 0 || op + 1 == ops) {
       check_against_model(a, sim, model);
       if (::testing::Test::HasFatalFailure()) {
@@ -257,10 +342,14 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
       }
     }
   }
-  for (DevicePtr p : order) a.deallocate(reinterpret_cast<void*>(p));
+  for (DevicePtr p : order) {
+    unmaps.freed(p);
+    a.deallocate(reinterpret_cast<void*>(p));
+  }
   model.clear();
   check_against_model(a, sim, model);
   a.release_cached();
+  EXPECT_TRUE(unmaps.broken.empty()) << unmaps.broken;
   EXPECT_EQ(sim.physical_bytes(), 0u) << "memory leaked after everything was freed";
   EXPECT_GT(cross_frees, 0u) << "no record_stream free was exercised";
   EXPECT_GT(aligned, 0u) << "no aligned allocation was exercised";
@@ -407,7 +496,8 @@ LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size
   SimBackend::Options so = sim_options(sc.capacity, sc.latency);
   so.segments = config.upstream != Upstream::kVmm;
   SimBackend sim(so);
-  Allocator a(sim, config);
+  UnmapGuard unmaps(sim, sc.latency);
+  Allocator a(unmaps, config);
   ReuseGuard guard(sim, sc.latency);
   std::map<DevicePtr, Live> model;
   std::vector<void*> weights;
@@ -415,6 +505,7 @@ LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size
     const std::size_t bytes = random_size(rng);
     weights.push_back(a.allocate(bytes, 0));
     model.emplace(addr(weights.back()), Live{bytes, 0});
+    unmaps.allocated(addr(weights.back()), a.find(weights.back())->size);
   }
   const std::vector<LoopStep> script = loop_script(rng, blocks, kStreams);
   std::vector<void*> slot(blocks, nullptr);
@@ -440,6 +531,7 @@ LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size
         }
         slot[step.slot] = p;
         model.emplace(addr(p), Live{step.bytes, step.stream});
+        unmaps.allocated(addr(p), a.find(p)->size);
         const std::string broken = guard.allocated(addr(p), a.find(p)->size, step.stream);
         EXPECT_TRUE(broken.empty()) << broken;
       } else {
@@ -449,10 +541,13 @@ LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size
         const StreamId use = use_of[step.slot];
         if (use != live.stream) a.record_stream(p, use);
         guard.freed(addr(p), a.find(p)->size, live.stream, use != live.stream);
+        unmaps.freed(addr(p));
         a.deallocate(p);
         model.erase(addr(p));
       }
       check_against_model(a, sim, model);
+      EXPECT_TRUE(unmaps.broken.empty()) << unmaps.broken;
+      if (!unmaps.broken.empty()) return out;
       if (::testing::Test::HasFatalFailure()) {
         ADD_FAILURE() << "iteration " << it << " (seed " << seed << ")";
         return out;
@@ -465,8 +560,12 @@ LoopResult run_loop(const Scenario& sc, unsigned seed, int iterations, std::size
   }
   out.planned = a.stats().planned_allocations;
   out.retries = a.stats().num_alloc_retries;
-  for (void* w : weights) a.deallocate(w);
+  for (void* w : weights) {
+    unmaps.freed(addr(w));
+    a.deallocate(w);
+  }
   a.release_cached();
+  EXPECT_TRUE(unmaps.broken.empty()) << unmaps.broken;
   EXPECT_EQ(sim.physical_bytes(), 0u) << "memory leaked after everything was freed";
   return out;
 }
@@ -572,7 +671,8 @@ INSTANTIATE_TEST_SUITE_P(Scenarios, RandomizedLoopPlan,
 // requests), memory running short retires the plan and cuts its range around live blocks, and
 // the pieces go back to the pool with holes. Everything is checked after every operation.
 TEST(RandomizedLoopPlanTight, InvariantsHoldWhenMemoryRunsShort) {
-  for (const char* config : {"loop_plan:True", "loop_plan:True,whole_chunk_min:0"}) {
+  for (const char* config : {"loop_plan:True", "loop_plan:True,whole_chunk_min:0",
+                             "loop_plan:True,whole_chunk_min:0,dormant_maps:0"}) {
     for (unsigned seed : {1u, 2u}) {
       const Scenario roomy{"roomy", 16 * GiB, 4, config, 0};
       const LoopResult free_run = run_loop(roomy, seed, 4, kLoopBlocks);
