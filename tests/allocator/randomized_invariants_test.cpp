@@ -67,9 +67,9 @@ constexpr std::size_t kTightCapacity = 512 * MiB;
 // uses the range through those addresses. A block's bytes are in use while it is live, and for
 // `latency` ticks after its free (its stream's kernels may still run: on a GPU, unmapping them
 // then is an illegal address). `broken` says the first violation.
-class UnmapGuard final : public DeviceBackend {
+class UnmapGuard final : public ForwardingBackend {
  public:
-  UnmapGuard(SimBackend& sim, std::uint64_t latency) : sim_(sim), latency_(latency) {}
+  UnmapGuard(SimBackend& sim, std::uint64_t latency) : ForwardingBackend(sim), latency_(latency) {}
 
   void allocated(DevicePtr p, std::size_t size) { live_[p] = p + size; }
   void freed(DevicePtr p) {
@@ -78,34 +78,10 @@ class UnmapGuard final : public DeviceBackend {
   }
   std::string broken;
 
-  std::size_t granularity() const override { return sim_.granularity(); }
-  std::size_t capacity() const override { return sim_.capacity(); }
-  DevicePtr reserve_address(std::size_t b) override { return sim_.reserve_address(b); }
-  void release_address(DevicePtr va, std::size_t b) override { sim_.release_address(va, b); }
-  PhysHandle create_physical(std::size_t b) override { return sim_.create_physical(b); }
-  PhysHandle create_whole_physical(std::size_t b) override { return sim_.create_whole_physical(b); }
-  void release_physical(PhysHandle c) override { sim_.release_physical(c); }
-  void map(DevicePtr va, std::size_t b, PhysHandle c, std::size_t o) override {
-    sim_.map(va, b, c, o);
-  }
-  void map_no_access(DevicePtr va, std::size_t b, PhysHandle c, std::size_t o) override {
-    sim_.map_no_access(va, b, c, o);
-  }
-  void set_access(DevicePtr va, std::size_t b) override { sim_.set_access(va, b); }
   void unmap(DevicePtr va, std::size_t b) override {
     check(va, va + b);
     sim_.unmap(va, b);
   }
-  EventId record_event(StreamId s) override { return sim_.record_event(s); }
-  bool event_completed(EventId e) override { return sim_.event_completed(e); }
-  void wait_event(EventId e) override { sim_.wait_event(e); }
-  void release_event(EventId e) override { sim_.release_event(e); }
-  bool supports_mapping() const override { return sim_.supports_mapping(); }
-  DevicePtr allocate_segment(std::size_t b, StreamId s) override {
-    return sim_.allocate_segment(b, s);
-  }
-  void free_segment(DevicePtr p, std::size_t b) override { sim_.free_segment(p, b); }
-  void trim() override { sim_.trim(); }
 
  private:
   struct Freed {
@@ -136,7 +112,6 @@ class UnmapGuard final : public DeviceBackend {
     return buf;
   }
 
-  SimBackend& sim_;
   std::uint64_t latency_;
   std::map<DevicePtr, DevicePtr> live_;  // block start -> end
   std::vector<Freed> recent_;

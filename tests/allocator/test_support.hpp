@@ -53,4 +53,39 @@ inline SimBackend::Options mode_options(const Mode& mode, std::size_t capacity,
   return o;
 }
 
+/// A backend that forwards every call to a SimBackend: a test's decorator derives from it and
+/// overrides only the calls it watches or gates.
+class ForwardingBackend : public DeviceBackend {
+ public:
+  explicit ForwardingBackend(SimBackend& sim) : sim_(sim) {}
+  std::size_t granularity() const override { return sim_.granularity(); }
+  std::size_t capacity() const override { return sim_.capacity(); }
+  DevicePtr reserve_address(std::size_t b) override { return sim_.reserve_address(b); }
+  void release_address(DevicePtr va, std::size_t b) override { sim_.release_address(va, b); }
+  PhysHandle create_physical(std::size_t b) override { return sim_.create_physical(b); }
+  PhysHandle create_whole_physical(std::size_t b) override { return sim_.create_whole_physical(b); }
+  void release_physical(PhysHandle c) override { sim_.release_physical(c); }
+  void map(DevicePtr va, std::size_t b, PhysHandle c, std::size_t o) override {
+    sim_.map(va, b, c, o);
+  }
+  void map_no_access(DevicePtr va, std::size_t b, PhysHandle c, std::size_t o) override {
+    sim_.map_no_access(va, b, c, o);
+  }
+  void set_access(DevicePtr va, std::size_t b) override { sim_.set_access(va, b); }
+  void unmap(DevicePtr va, std::size_t b) override { sim_.unmap(va, b); }
+  EventId record_event(StreamId s) override { return sim_.record_event(s); }
+  bool event_completed(EventId e) override { return sim_.event_completed(e); }
+  void wait_event(EventId e) override { sim_.wait_event(e); }
+  void release_event(EventId e) override { sim_.release_event(e); }
+  bool supports_mapping() const override { return sim_.supports_mapping(); }
+  DevicePtr allocate_segment(std::size_t b, StreamId s) override {
+    return sim_.allocate_segment(b, s);
+  }
+  void free_segment(DevicePtr p, std::size_t b) override { sim_.free_segment(p, b); }
+  void trim() override { sim_.trim(); }
+
+ protected:
+  SimBackend& sim_;
+};
+
 }  // namespace cuarena::test

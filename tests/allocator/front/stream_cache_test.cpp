@@ -22,9 +22,9 @@ namespace {
 
 // A SimBackend whose record_event() can be made to stop until released: the Allocator calls it
 // with its device lock held, so while a thread is stopped there, the lock is taken.
-class GatedBackend final : public DeviceBackend {
+class GatedBackend final : public ForwardingBackend {
  public:
-  explicit GatedBackend(SimBackend& sim) : sim_(sim) {}
+  explicit GatedBackend(SimBackend& sim) : ForwardingBackend(sim) {}
 
   void arm() {
     std::lock_guard lock(mu_);
@@ -50,23 +50,8 @@ class GatedBackend final : public DeviceBackend {
     }
     return sim_.record_event(stream);
   }
-  std::size_t granularity() const override { return sim_.granularity(); }
-  std::size_t capacity() const override { return sim_.capacity(); }
-  DevicePtr reserve_address(std::size_t b) override { return sim_.reserve_address(b); }
-  void release_address(DevicePtr va, std::size_t b) override { sim_.release_address(va, b); }
-  PhysHandle create_physical(std::size_t b) override { return sim_.create_physical(b); }
-  PhysHandle create_whole_physical(std::size_t b) override { return sim_.create_whole_physical(b); }
-  void release_physical(PhysHandle c) override { sim_.release_physical(c); }
-  void map(DevicePtr va, std::size_t b, PhysHandle c, std::size_t o) override {
-    sim_.map(va, b, c, o);
-  }
-  void unmap(DevicePtr va, std::size_t b) override { sim_.unmap(va, b); }
-  bool event_completed(EventId e) override { return sim_.event_completed(e); }
-  void wait_event(EventId e) override { sim_.wait_event(e); }
-  void release_event(EventId e) override { sim_.release_event(e); }
 
  private:
-  SimBackend& sim_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool armed_ = false;

@@ -15,18 +15,17 @@ namespace {
 
 // Forwards to a SimBackend and remembers which physical granule backs each virtual granule, so a
 // test can ask which physical memory two blocks share.
-class TrackingBackend final : public DeviceBackend {
+class TrackingBackend final : public ForwardingBackend {
  public:
-  explicit TrackingBackend(SimBackend& sim) : sim_(sim) {}
-  std::size_t granularity() const override { return sim_.granularity(); }
-  std::size_t capacity() const override { return sim_.capacity(); }
-  DevicePtr reserve_address(std::size_t b) override { return sim_.reserve_address(b); }
-  void release_address(DevicePtr va, std::size_t b) override { sim_.release_address(va, b); }
-  PhysHandle create_physical(std::size_t b) override { return sim_.create_physical(b); }
-  void release_physical(PhysHandle c) override { sim_.release_physical(c); }
+  explicit TrackingBackend(SimBackend& sim) : ForwardingBackend(sim) {}
   void map(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) override {
     sim_.map(va, bytes, chunk, offset);
-    for (std::size_t i = 0; i < bytes; i += granularity()) phys_[va + i] = {chunk, offset + i};
+    track(va, bytes, chunk, offset);
+  }
+  void map_no_access(DevicePtr va, std::size_t bytes, PhysHandle chunk,
+                     std::size_t offset) override {
+    sim_.map_no_access(va, bytes, chunk, offset);
+    track(va, bytes, chunk, offset);
   }
   void unmap(DevicePtr va, std::size_t bytes) override {
     sim_.unmap(va, bytes);
@@ -40,8 +39,6 @@ class TrackingBackend final : public DeviceBackend {
     ++queries;
     return sim_.event_completed(e);
   }
-  void wait_event(EventId e) override { sim_.wait_event(e); }
-  void release_event(EventId e) override { sim_.release_event(e); }
 
   /// Physical granules (chunk, byte offset) behind [p, p+bytes).
   std::set<std::pair<PhysHandle, std::size_t>> physical(void* p, std::size_t bytes) const {
@@ -56,7 +53,9 @@ class TrackingBackend final : public DeviceBackend {
   int queries = 0;  ///< event_completed() calls
 
  private:
-  SimBackend& sim_;
+  void track(DevicePtr va, std::size_t bytes, PhysHandle chunk, std::size_t offset) {
+    for (std::size_t i = 0; i < bytes; i += granularity()) phys_[va + i] = {chunk, offset + i};
+  }
   std::map<DevicePtr, std::pair<PhysHandle, std::size_t>> phys_;
 };
 
