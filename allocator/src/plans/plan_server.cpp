@@ -50,10 +50,11 @@ std::size_t PlanServer::reclaim(std::size_t granules, StreamId stream) {
     for (std::size_t g = g_hi; g > g_lo && got < granules;) {
       const std::size_t top = g;
       while (g > g_lo && reclaimed_[g - 1] != kNeeded) --g;
-      if (g < top && !waited) wait_for_stream();
-      if (g < top)
+      if (g < top) {
+        if (!waited) wait_for_stream();
         got += pool_.idle_unused(piece, std::max(lo, base + g * gran),
                                  std::min(hi, base + top * gran), granules - got, taken);
+      }
       while (g > g_lo && reclaimed_[g - 1] == kNeeded) --g;
     }
   });
