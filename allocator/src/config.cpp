@@ -191,9 +191,10 @@ const ConfigTable<Config>& Config::table() {
                "virtual bytes per arena (0: " + std::to_string(detail::tuning::kVaReserveFactor) +
                    "x the device)"),
       size_key("whole_chunk_min", &C::whole_chunk_min, 0, kNoSizeLimit,
-               "fresh runs of at least this many bytes become whole chunks: one driver "
-               "allocation each, moved only whole (0: memory first, every granule its own "
-               "allocation; see Results)"),
+               "0 (default): memory first, every 2 MiB granule its own driver allocation, "
+               "moved singly wherever it is needed (least memory); otherwise fresh runs of at "
+               "least this many bytes become whole chunks: one driver allocation each, moved "
+               "only whole (fewer driver calls outside loop plans, more memory; see Results)"),
       size_key("whole_chunk_max", &C::whole_chunk_max, 0, kNoSizeLimit,
                "largest whole chunk (also at most 1/" +
                    std::to_string(detail::tuning::kWholeChunkReservedShare) +
@@ -202,19 +203,18 @@ const ConfigTable<Config>& Config::table() {
                    "); longer runs are cut into equal chunks (0: only the 1/" +
                    std::to_string(detail::tuning::kWholeChunkReservedShare) + " rule)"),
       real_key("whole_chunk_fraction", &C::whole_chunk_fraction, 0.0, 1.0, false,
-               "when reserved memory is to pass this fraction of the limit, the pool turns "
-               "memory first (as whole_chunk_min:0: single granules that can move, best fit "
-               "over every block) until an empty_cache() leaves it below half that: fewer bytes "
-               "for more driver calls; 1: never"),
+               "with whole chunks: when reserved memory is to pass this fraction of the limit, "
+               "the pool turns memory first (as whole_chunk_min:0: single granules that can "
+               "move, best fit over every block) until an empty_cache() leaves it below half "
+               "that: fewer bytes for more driver calls; 1: never"),
       uint_key("dormant_maps", &C::dormant_maps, 0, 64,
                "old mappings a moved granule keeps (dormant), so its old address takes it back "
                "with no driver call; 0: unmap at once"),
       bool_key("loop_plan", &C::loop_plan,
                "learn a loop that repeats exactly and serve each of its requests at an offset "
                "planned for the whole iteration, in one range mapped as the loop first uses it: "
-               "no driver calls from about the sixth iteration for what repeats exactly; with "
-               "whole_chunk_min:0 less memory than PyTorch's in training (experimental; figures "
-               "in docs/results.md)"),
+               "no driver calls from about the sixth iteration for what repeats exactly, at "
+               "memory first's footprint; what the plan does not foresee is served as usual"),
       choice_key("placement", &C::placement,
                  {{"unified", Placement::kUnified}, {"own_first", Placement::kOwnFirst}},
                  "where a large request goes: `unified` (one best fit over the stream's own "

@@ -82,6 +82,11 @@ ShimConfig ShimConfig::parse(const std::string& conf) {
   // 128 MiB strand more of the memory under such mixes (the churn trace, tests/data/traces/shim:
   // 1.155 at 128 MiB, 1.082 at 32 MiB), at a few more map calls a training step.
   c.core.whole_chunk_max = std::size_t{32} << 20;
+  // Whole chunks and no loop plan, unlike the core's default (memory first under a loop plan):
+  // the shim's figures (shim/README.md) were measured so, and every tensor of a PyTorch job under
+  // the shim is a cudaMalloc, where memory first's per-granule driver calls were not measured.
+  c.core.whole_chunk_min = std::size_t{4} << 20;
+  c.core.loop_plan = false;
   parse_config(conf, {ConfigTarget(Config::table(), c.core), ConfigTarget(table(), c)});
   return c;
 }

@@ -856,11 +856,11 @@ def test_an_empty_config_is_the_defaults_not_the_environment(tmp_path):
     out = tmp_path / "env.json"
     # $CUARENA_CONF applies without --config, and --config '' sets it aside.
     proc = run_env("replay", trace, "--allocator", "cuarena", "--json", out,
-                   CUARENA_CONF="whole_chunk_min:0")
+                   CUARENA_CONF="whole_chunk_min:4MiB")
     assert proc.returncode == 0, proc.stderr
     assert no_elapsed(json.loads(out.read_text())["results"]) != no_elapsed(defaults)
     proc = run_env("replay", trace, "--allocator", "cuarena", "--config", "", "--json", out,
-                   CUARENA_CONF="whole_chunk_min:0")
+                   CUARENA_CONF="whole_chunk_min:4MiB")
     assert proc.returncode == 0, proc.stderr
     assert no_elapsed(json.loads(out.read_text())["results"]) == no_elapsed(defaults)
     broken = run_env("replay", trace, "--config", "", CUARENA_CONF="typo_key:1")

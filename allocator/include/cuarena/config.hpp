@@ -39,27 +39,29 @@ struct Config {
   /// Cached memory allowed on top of the peak of allocated bytes before a miss reuses cached
   /// granules instead of growing (0.05: up to 5% more memory, far fewer granule moves, each a
   /// driver call; costs in docs/results.md). 0 (default): reuse first, always, when memory-first;
-  /// placing whole chunks (the default until it turns memory-first), the slack is at least 2%
-  /// (tuning::kWholeChunkCacheSlack).
+  /// placing whole chunks (whole_chunk_min > 0, until the pool turns memory-first), the slack is at
+  /// least 2% (tuning::kWholeChunkCacheSlack).
   double cache_slack = 0.0;
-  /// Fresh physical memory for a run of at least this many bytes of one request is created as
-  /// whole chunks: one cuMemCreate handle each, so one create/map/set-access call instead of one
-  /// per 2 MiB granule. A whole chunk moves only as one piece, so it strands
-  /// memory where a live block covers part of it (see whole_chunk_max). 0: every granule is its
-  /// own handle (memory first: granules move singly, at one driver call each).
-  std::size_t whole_chunk_min = std::size_t{4} << 20;
+  /// 0 (default, memory first): every 2 MiB granule is its own cuMemCreate handle and moves
+  /// singly to wherever it is needed, at one driver call each; with loop_plan (also default) a
+  /// repeating loop stops calling the driver once planned. Otherwise fresh physical memory for a
+  /// run of at least this many bytes of one request is created as whole chunks: one handle each,
+  /// so one create/map/set-access call instead of one per granule. A whole chunk moves only as
+  /// one piece, so it strands memory where a live block covers part of it (see whole_chunk_max).
+  std::size_t whole_chunk_min = 0;
   /// Largest whole chunk, in bytes (also at most 1/16 of the memory already reserved, when that
   /// is over 32 MiB): a longer
   /// run is cut into equal chunks no larger. A whole chunk partly under a live block cannot
   /// move, so smaller chunks strand less memory; each costs one more create/map/set-access call.
   /// 0: only the 1/16 rule.
   std::size_t whole_chunk_max = std::size_t{128} << 20;
-  /// When reserved memory is to pass this fraction of the limit (memory is short), the large
-  /// pool turns memory-first, as whole_chunk_min:0 places from the start: fresh memory comes as
-  /// single granules, which can move wherever they are needed, placed by one best fit over the
-  /// stream's own and the shared blocks. Fewer bytes for more driver calls, so a job near its
-  /// limit fits where whole chunks would strand memory. It turns back when an empty_cache()
-  /// (release_cached) leaves reserved memory below half this fraction. 1: never.
+  /// With whole chunks (whole_chunk_min > 0): when reserved memory is to pass this fraction of
+  /// the limit (memory is short), the large pool turns memory-first, as whole_chunk_min:0 places
+  /// from the start: fresh memory comes as single granules, which can move wherever they are
+  /// needed, placed by one best fit over the stream's own and the shared blocks. Fewer bytes for
+  /// more driver calls, so a job near its limit fits where whole chunks would strand memory. It
+  /// turns back when an empty_cache() (release_cached) leaves reserved memory below half this
+  /// fraction. 1: never.
   double whole_chunk_fraction = 0.75;
   /// Dormant mappings each physical granule may keep. When a cached granule moves to back
   /// another address, its old mapping stays (dormant) instead of being unmapped, so a later
@@ -72,8 +74,8 @@ struct Config {
   /// mapped (LoopPlanner, PlannedRange): from about the sixth iteration no driver calls, and
   /// the range is close to the loop's peak of live bytes. The range is backed part by part as
   /// the loop first uses it, with the memory its older blocks free, so putting a plan in use
-  /// costs no peak. Requests the plan does not foresee are served as usual.
-  bool loop_plan = false;
+  /// costs no peak. Requests the plan does not foresee are served as usual. Default on.
+  bool loop_plan = true;
   /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
   double per_process_memory_fraction = 1.0;
   /// Reuse a stream's own freed granules for its next request at once, by mapping them at the

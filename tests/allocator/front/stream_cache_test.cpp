@@ -87,7 +87,10 @@ bool finishes_within(std::future<void>& f, Fn fn, std::chrono::milliseconds limi
   return f.wait_for(limit) == std::future_status::ready;
 }
 
-Config config(const char* text = "") { return Config::parse(text); }
+// Stream caches exist only without a loop plan (the default plans loops); `text` may turn it on.
+Config config(const char* text = "") {
+  return Config::parse(std::string("loop_plan:False,") + text);
+}
 
 // Frees `p` while another thread holds the device lock; fails if the free waited for it.
 void free_while_locked(Allocator& a, GatedBackend& gate, void* p) {

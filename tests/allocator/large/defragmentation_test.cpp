@@ -60,13 +60,14 @@ TEST(Defrag, CacheSlackGrowsInsteadOfMovingGranules) {
   EXPECT_GT(tight.granules_stolen, 0) << "1% slack is exceeded here, so granules must move";
 }
 
-// Placing whole chunks, the default grows within 2% of the allocated peak
+// Placing whole chunks, the pool grows within 2% of the allocated peak
 // (tuning::kWholeChunkCacheSlack) instead of moving cached memory; memory first moves it.
-TEST(Defrag, TheDefaultGrowsWithinItsSlackMemoryFirstSteals) {
+TEST(Defrag, WholeChunksGrowWithinTheirSlackMemoryFirstSteals) {
   for (const bool memory_first : {false, true}) {
     SimBackend sim(sim_options(4 * GiB, 1));
-    Allocator a(sim, Config::parse(std::string("small_limit:512,sweep_interval:1") +
-                                   (memory_first ? ",whole_chunk_min:0" : "")));
+    Allocator a(sim,
+                Config::parse(std::string("small_limit:512,sweep_interval:1") +
+                              (memory_first ? ",whole_chunk_min:0" : ",whole_chunk_min:4MiB")));
     void* live = a.allocate(2 * GiB, 1);  // the peak: 2% of it is ~42 MiB of slack
     std::vector<void*> ps;
     for (int i = 0; i < 10; ++i) {
@@ -83,7 +84,7 @@ TEST(Defrag, TheDefaultGrowsWithinItsSlackMemoryFirstSteals) {
       EXPECT_GT(s.granules_stolen, 0) << "memory first grew instead of stealing";
       EXPECT_LT(sim.physical_bytes(), before + 16 * MiB);
     } else {
-      EXPECT_EQ(s.granules_stolen, 0) << "the default stole within its slack";
+      EXPECT_EQ(s.granules_stolen, 0) << "whole chunks stole within their slack";
       EXPECT_GE(sim.physical_bytes(), before + 16 * MiB);
     }
     a.check_invariants();

@@ -83,9 +83,9 @@ TEST(LazyReclaim, WithoutAReclaimerThePoolGrows) {
 }
 
 TEST(LazyReclaim, AWholeChunkGoesOnlyWhenAllOfItIsIdle) {
-  // Whole chunks (the default's fresh memory for long runs; here two of 32 MiB) move as one
-  // piece: of a run covering one and half of the other, only the first may go.
-  Pool p("");
+  // Whole chunks (fresh memory for long runs when whole_chunk_min is set; here two of 32 MiB)
+  // move as one piece: of a run covering one and half of the other, only the first may go.
+  Pool p("whole_chunk_min:4MiB");
   Block* range = p.pool.reserve_lazy(64 * MiB, 1);
   ASSERT_TRUE(p.pool.back_part(range, range->addr, 64 * MiB, 1));
   ASSERT_EQ(p.sim.live_whole_chunks(), 2u);

@@ -176,7 +176,8 @@ TEST(StreamOrder, CrossStreamStealingWaitsForTheEvent) {
 // 2nd free checks the sweeps.
 struct OwedSharing : ::testing::Test {
   static constexpr std::size_t kBlock = 2 * MiB;
-  explicit OwedSharing(const char* placement = "placement:own_first")
+  // Own-first placement needs whole chunks: memory first always places unified.
+  explicit OwedSharing(const char* placement = "whole_chunk_min:4MiB,placement:own_first")
       : a{sim, Config::parse(std::string("small_limit:512,sweep_interval:2,") + placement)} {}
   SimBackend sim{sim_options(1 * GiB, 1)};
   Allocator a;

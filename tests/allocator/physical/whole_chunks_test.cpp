@@ -41,7 +41,7 @@ TEST(WholeChunk, ALongerRunIsCutIntoEqualChunks) {
 // turns it back: whole chunks again. A pool configured memory-first stays so.
 TEST(WholeChunk, TheTurnToMemoryFirstLastsUntilAnEmptyCacheLeavesLittle) {
   SimBackend sim(sim_options(100 * MiB));
-  Allocator a(sim, Config::parse("small_limit:512"));
+  Allocator a(sim, Config::parse("small_limit:512,whole_chunk_min:4MiB"));
   void* big = a.allocate(40 * MiB, 1);  // whole chunks
   const std::size_t whole = sim.live_whole_chunks();
   EXPECT_GE(whole, 1u);
@@ -59,7 +59,7 @@ TEST(WholeChunk, TheTurnToMemoryFirstLastsUntilAnEmptyCacheLeavesLittle) {
   a.check_invariants();
   a.deallocate(c);
   a.deallocate(big);
-  a.release_cached();  // nothing held: back to the default
+  a.release_cached();  // nothing held: back to whole chunks
   EXPECT_EQ(a.stats().memory_first, 0);
   a.check_invariants();
   void* d = a.allocate(32 * MiB, 1);  // a whole chunk again
@@ -79,7 +79,7 @@ TEST(WholeChunk, NearTheLimitFreshMemoryComesInSingleGranules) {
   // 32 MiB as one whole chunk; then 50 MiB would pass 75% of the 100 MiB limit, so it comes in
   // single granules, which can move wherever they are needed.
   SimBackend sim(sim_options(100 * MiB));
-  Allocator a(sim, Config::parse("small_limit:512"));
+  Allocator a(sim, Config::parse("small_limit:512,whole_chunk_min:4MiB"));
   void* big = a.allocate(32 * MiB, 1);
   EXPECT_EQ(sim.live_whole_chunks(), 1u);
   void* b = a.allocate(50 * MiB, 1);
@@ -89,7 +89,7 @@ TEST(WholeChunk, NearTheLimitFreshMemoryComesInSingleGranules) {
   for (void* p : {big, b}) a.deallocate(p);
   // With whole_chunk_fraction:1, whole chunks up to the limit (50 MiB: two of 25 MiB).
   SimBackend sim2(sim_options(100 * MiB));
-  Allocator a2(sim2, Config::parse("small_limit:512,whole_chunk_fraction:1"));
+  Allocator a2(sim2, Config::parse("small_limit:512,whole_chunk_fraction:1,whole_chunk_min:4MiB"));
   void* big2 = a2.allocate(32 * MiB, 1);
   void* b2 = a2.allocate(50 * MiB, 1);
   EXPECT_EQ(sim2.live_whole_chunks(), 3u);

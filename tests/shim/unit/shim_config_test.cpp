@@ -22,7 +22,10 @@ TEST(ShimConfig, DefaultsWhenEmpty) {
   // The shim's own defaults (tests/shim/churn_target_test.py replays with them).
   core.wait_before_grow = true;
   core.whole_chunk_max = std::size_t{32} << 20;
+  core.whole_chunk_min = std::size_t{4} << 20;
+  core.loop_plan = false;
   EXPECT_EQ(c.core, core);
+  EXPECT_TRUE(ShimConfig::parse("loop_plan:True").core.loop_plan);
   EXPECT_FALSE(ShimConfig::parse("wait_before_grow:False").core.wait_before_grow);
   EXPECT_EQ(ShimConfig::parse("whole_chunk_max:128MiB").core.whole_chunk_max,
             std::size_t{128} << 20);
