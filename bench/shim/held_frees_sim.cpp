@@ -27,6 +27,9 @@ namespace {
 
 using namespace cuarena;
 constexpr std::size_t kShimDefaultLimit = 1 * GiB;  // ShimConfig::pending_free_bytes
+// ShimConfig::parse's defaults for the core's keys (checked by tests/shim/unit).
+constexpr const char* kShimCoreDefaults =
+    "wait_before_grow:True,whole_chunk_max:32MiB,whole_chunk_min:4MiB,loop_plan:False";
 
 struct Result {
   std::int64_t peak_reserved = 0;
@@ -102,7 +105,10 @@ int main(int argc, char** argv) {
   std::size_t snug = 4;
   double check = -1;
   app.add_option("trace", path, "a PyTorch snapshot, .cuat or CSV trace")->required();
-  app.add_option("--config", conf, "cuarena keys for the allocator (as CUARENA_CONF)");
+  app.add_option("--config", conf,
+                 "cuarena keys for the allocator (as CUARENA_CONF), over the shim's defaults "
+                 "for the core's keys (" +
+                     std::string(kShimCoreDefaults) + ")");
   app.add_option("--capacity-gib", capacity_gib, "simulated device memory, GiB")
       ->check(CLI::PositiveNumber);
   app.add_option("--snug", snug,
@@ -114,7 +120,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   try {
-    const Config config = Config::parse(conf);
+    const Config config = Config::parse(std::string(kShimCoreDefaults) + "," + conf);
     const auto devices = replay::split_by_device(replay::load_trace(path));
     if (devices.empty()) throw std::runtime_error(path + ": no events");
     const bench::FlatTrace t = bench::flatten_trace(devices.front().second);

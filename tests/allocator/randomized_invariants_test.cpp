@@ -699,4 +699,26 @@ TEST(RandomizedThreads, ConcurrentStreamsKeepTheAllocatorConsistent) {
   EXPECT_EQ(sim.physical_bytes(), 0u);
 }
 
+// Threads each repeating the same short loop on their own stream (a loop per thread, so the
+// sequence the allocator sees repeats only as the threads happen to interleave): the planner
+// must neither plan a loop no thread makes nor corrupt what it serves.
+TEST(RandomizedThreads, EachThreadLoopingOnItsOwnStream) {
+  SimBackend sim(sim_options(16 * GiB, 2));
+  Allocator a(sim);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&a, t] {
+      for (int i = 0; i < 2000; ++i) {
+        void* p = a.allocate(std::size_t{1} << (10 + i % 14), StreamId(t + 1));
+        a.deallocate(p);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  a.check_invariants();
+  EXPECT_EQ(a.stats().allocation[0].current, 0);
+  a.release_cached();
+  EXPECT_EQ(sim.physical_bytes(), 0u);
+}
+
 }  // namespace

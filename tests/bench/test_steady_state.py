@@ -49,12 +49,12 @@ def test_every_pass_ends_where_the_first_did(tmp_path):
         assert 0 <= r["same_address_allocations"] <= r["allocations"]
 
 
-def test_memory_first_config_is_applied(tmp_path):
+def test_whole_chunk_config_is_applied(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     assert run(TRACE, "--passes", 2, "--json", a).returncode == 0
-    assert run(TRACE, "--passes", 2, "--config", "whole_chunk_min:0", "--json", b).returncode == 0
+    assert run(TRACE, "--passes", 2, "--config", "whole_chunk_min:4MiB", "--json", b).returncode == 0
     da, db = json.loads(a.read_text())[0], json.loads(b.read_text())[0]
-    assert db["config"] == "whole_chunk_min:0"
+    assert db["config"] == "whole_chunk_min:4MiB"
     assert da["passes"] != db["passes"], "a different policy must give different figures"
 
 

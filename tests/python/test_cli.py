@@ -634,9 +634,10 @@ def test_recorded_out_of_memory_is_reported_but_not_checked(tmp_path):
 
 
 def test_min_capacity_checks_its_answer_above_the_search(tmp_path):
-    """A synthetic trace (16 events, found by a random search and shrunk) on which cuarena fits
-    at 94 MiB, runs out of memory from 102 to 108 MiB and fits again from 110 MiB: the binary
-    search alone would report 94 MiB; the probes above it find the failures."""
+    """A synthetic trace (16 events, found by a random search and shrunk) on which cuarena with
+    whole chunks fits at 94 MiB, runs out of memory from 102 to 108 MiB and fits again from
+    110 MiB: the binary search alone would report 94 MiB; the probes above it find the
+    failures."""
     M = MiB
     events = [(0, 0, 0x140000000, 4 * M), (0, 0, 0x180000000, 8 * M), (0, 0, 0x1c0000000, 16653751),
               (0, 7, 0x200000000, 8 * M), (2, 0, 0x180000000, 8 * M), (2, 0, 0x1c0000000, 16653751),
@@ -648,7 +649,8 @@ def test_min_capacity_checks_its_answer_above_the_search(tmp_path):
     path = cuat_file(tmp_path, [record(action=a, stream=s, addr=addr, size=size, time_us=t)
                                 for t, (a, s, addr, size) in enumerate(events)], "nonmonotone.cuat")
     out = tmp_path / "out.json"
-    proc = run("replay", path, "--allocator", "cuarena", "--min-capacity", "--json", out, check=True)
+    proc = run("replay", path, "--allocator", "cuarena", "--min-capacity", "--json", out,
+               "--config", "whole_chunk_min:4MiB,loop_plan:False", check=True)
     [r] = json.loads(out.read_text())["results"]
     assert r["min_capacity_search_bytes"] == 94 * M
     probes = {p["capacity_bytes"]: p["ooms"] for p in r["min_capacity_probes"]}
@@ -662,7 +664,8 @@ def test_min_capacity_checks_its_answer_above_the_search(tmp_path):
                     "capacity 110.00 MiB, the smallest capacity above which every probe fits "
                     "(min_capacity_probes in the JSON)"), note
     for capacity, fails in ((94 * M, False), (104 * M, True), (110 * M, False)):
-        [at] = replay_json(tmp_path, path, "--allocator", "cuarena", "--capacity", capacity)
+        [at] = replay_json(tmp_path, path, "--allocator", "cuarena", "--capacity", capacity,
+                           "--config", "whole_chunk_min:4MiB,loop_plan:False")
         assert (at["ooms"] > 0) == fails, capacity
 
 

@@ -9,8 +9,17 @@
 // ReuseFollowEventDependencies): a block freed on stream S may be handed out again at once on S;
 // another stream gets it only after an event recorded on S after the free has completed. Blocks
 // passed to record_stream() are not reused by anyone until events recorded at free time on each
-// of those streams complete. No call ever blocks the host on the device, except the last-resort
-// synchronisation before an OutOfMemoryError.
+// of those streams complete. No call blocks the host on the device except release_cached(), the
+// last-resort synchronisation before an OutOfMemoryError and, under a loop plan (config
+// loop_plan, the default), twice per plan: once a plan has served a whole period (the pool's
+// cache it no longer needs is given back) and when a request takes the plan's idle memory.
+//
+// Stream lifetime: the allocator records events on a stream it has seen (one passed to
+// allocate(), deallocate()'s block's stream, record_stream()) during later calls too, so its
+// frees become reusable by other streams (memory first moves granules across streams this way).
+// Such a stream must stay valid until the allocator is destroyed, or until release_cached() has
+// returned with no block allocated on it; PyTorch never destroys its pool's streams, and the
+// LD_PRELOAD shim parks the streams a program destroys.
 //
 // Thread semantics: every member function is safe to call concurrently (check_invariants() and
 // live_blocks() then see a snapshot that calls in flight may make inconsistent). One mutex per

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "cuarena/errors.hpp"
 #include "tuning.hpp"
 
 namespace cuarena::detail {
@@ -174,7 +175,13 @@ Block* BlockPool::reserve_lazy(std::size_t size, StreamId stream) {
     for (std::size_t k = 0; k < a.high_water() && empty; ++k) empty = !a.has_mapping(k);
     if (empty) b = f;
   }
-  if (b == nullptr) b = new_arena(size, stream);
+  if (b == nullptr) {
+    try {
+      b = new_arena(size, stream);
+    } catch (const BackendError&) {
+      return nullptr;  // no address space for a range of its own: requests go to the pool
+    }
+  }
   const DevicePtr at = b->addr;
   index_.remove(b);
   if (b->size > size) index_.insert(index_.split_off(b, at + size), nullptr, /*warm=*/false);

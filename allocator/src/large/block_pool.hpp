@@ -74,7 +74,8 @@ class BlockPool {
   /// as it would for any request (dormant mappings, idle or defragmented granules, then new ones),
   /// so the range never holds memory for parts not yet used. A segment backend cannot map part of
   /// a range: there the block comes backed whole (try_allocate). Returns nullptr as
-  /// try_allocate() does; throws BackendError.
+  /// try_allocate() does, or when the backend has no address space left for a new arena;
+  /// throws BackendError.
   Block* reserve_lazy(std::size_t size, StreamId stream);
   /// Backs [addr, addr+size) of lazy allocated block b for `stream` (a no-op where it is
   /// backed). False, having changed nothing but caches, when the limit or the device refuses.

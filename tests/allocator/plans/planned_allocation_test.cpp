@@ -48,6 +48,17 @@ TEST(LoopPlan, PuttingThePlanInUseCostsNoPeak) {
   a.deallocate(x);
 }
 
+// A plan whose range finds no address space left (one arena took it all) is never backed: the
+// loop goes on from the pool, and no request fails for it.
+TEST(LoopPlan, NoAddressSpaceForARangeLeavesTheLoopToThePool) {
+  SimBackend sim(sim_options());
+  Allocator a(sim, Config::parse("loop_plan:True,va_reserve:64TiB"));
+  run(a, {32 * MiB, 24 * MiB, 4 * MiB}, 20);
+  EXPECT_EQ(a.stats().loop_plans, 0);
+  EXPECT_EQ(a.stats().planned_allocations, 0);
+  a.check_invariants();
+}
+
 TEST(LoopPlan, ASmallRangeWithNoLiveBlockGoesBackWhole) {
   // A plan smaller than the carving gap (2 MiB) whose blocks are all freed: empty_cache() gives
   // its whole range back (it used to stay held with no block in it).
