@@ -80,7 +80,8 @@ struct PassFigures {
   std::int64_t reserved_peak, reserved_end, allocated_end;
   std::int64_t same_addr;  // allocations placed where the same block was one pass before
   std::int64_t allocations;
-  std::int64_t planned;  // allocations served at their loop-planned offset (config loop_plan)
+  std::int64_t planned;       // allocations served at their loop-planned offset (config loop_plan)
+  std::int64_t stream_waits;  // planned allocations' streams made to wait for another's free
   cuarena::Allocator::MemoryBreakdown at_end;  // where the reserved memory is after the pass
 };
 
@@ -108,15 +109,16 @@ std::vector<PassFigures> run(const LoopOps& ops, const replay::SimOptions& optio
     }
     alloc.check_invariants();
     const cuarena::Stats after = alloc.stats();
-    out.push_back(
-        {after.map_calls - before.map_calls, after.unmap_calls - before.unmap_calls,
-         after.access_calls - before.access_calls, after.num_device_alloc - before.num_device_alloc,
-         after.num_device_free - before.num_device_free,
-         (after.granules_stolen + after.granules_aliased) -
-             (before.granules_stolen + before.granules_aliased),
-         after.reserved_bytes[all].peak, after.reserved_bytes[all].current,
-         after.allocated_bytes[all].current, p == 0 ? 0 : same, allocations,
-         after.planned_allocations - before.planned_allocations, alloc.memory_breakdown()});
+    out.push_back({after.map_calls - before.map_calls, after.unmap_calls - before.unmap_calls,
+                   after.access_calls - before.access_calls,
+                   after.num_device_alloc - before.num_device_alloc,
+                   after.num_device_free - before.num_device_free,
+                   (after.granules_stolen + after.granules_aliased) -
+                       (before.granules_stolen + before.granules_aliased),
+                   after.reserved_bytes[all].peak, after.reserved_bytes[all].current,
+                   after.allocated_bytes[all].current, p == 0 ? 0 : same, allocations,
+                   after.planned_allocations - before.planned_allocations,
+                   after.stream_waits - before.stream_waits, alloc.memory_breakdown()});
   }
   return out;
 }
@@ -178,7 +180,9 @@ std::string columns_help() {
              "Driver calls are the simulator's count of those a GPU would make. Sizes are in B, "
              "KiB, MiB, GiB or TiB (powers of 1024) with two decimals, as 'cuarena replay' "
              "prints them; --json gives every figure in bytes, plus allocated_end_bytes, "
-             "allocations and where the reserved memory is at each pass's end (end_*_bytes).",
+             "allocations, stream_waits (planned allocations' streams made to wait on the "
+             "device for another stream's free) and where the reserved memory is at each "
+             "pass's end (end_*_bytes).",
              0);
 }
 
@@ -267,6 +271,7 @@ int main(int argc, char** argv) {
                         {"allocations", f.allocations},
                         {"same_address_allocations", f.same_addr},
                         {"planned_allocations", f.planned},
+                        {"stream_waits", f.stream_waits},
                         {"end_in_use_bytes", f.at_end.in_use},
                         {"end_owned_cached_bytes", f.at_end.owned_cached},
                         {"end_shared_cached_bytes", f.at_end.shared_cached},

@@ -215,6 +215,11 @@ const ConfigTable<Config>& Config::table() {
                "planned for the whole iteration, in one range mapped as the loop first uses it: "
                "no driver calls from about the sixth iteration for what repeats exactly, at "
                "memory first's footprint; what the plan does not foresee is served as usual"),
+      bool_key("plan_stream_waits", &C::plan_stream_waits,
+               "under loop_plan, let a planned block reuse bytes another stream just freed by "
+               "making its stream wait on the device for that free (no host wait), so plans pack "
+               "several streams' blocks as tightly as one's; false: such blocks are planned apart "
+               "and one the device has not reached is served by the pool"),
       choice_key("placement", &C::placement,
                  {{"unified", Placement::kUnified}, {"own_first", Placement::kOwnFirst}},
                  "where a large request goes: `unified` (one best fit over the stream's own "

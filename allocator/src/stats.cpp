@@ -59,6 +59,8 @@ std::map<std::string, std::int64_t> Stats::to_map() const {
   out["cuarena.loop_plans"] = loop_plans;
   out["cuarena.memory_first"] = memory_first;
   out["cuarena.planned_allocations"] = planned_allocations;
+  out["cuarena.stream_waits"] = stream_waits;
+  out["cuarena.plans_refused"] = plans_refused;
   return out;
 }
 

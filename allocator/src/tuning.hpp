@@ -45,9 +45,10 @@ inline constexpr double kWholeChunkCacheSlack = 0.02;
 /// (~40 B each). A pass of a bundled training or inference trace is far shorter; LLM generation
 /// with a growing KV cache (far longer) is planned only in its repeated decode steps.
 inline constexpr std::size_t kLoopPlanMaxPeriod = std::size_t{1} << 17;
-/// Events (allocations and frees) between a free on one stream and a planned reuse of its
-/// bytes on another: the event recorded at the free has had that long to complete. A block
-/// whose event has not completed is served by the pool instead.
+/// Without stream waits (plan_stream_waits:False, or a backend that cannot): events
+/// (allocations and frees) between a free on one stream and a planned reuse of its bytes on
+/// another, so the event recorded at the free has had that long to complete. A block whose
+/// event has not completed is served by the pool instead. With stream waits: none.
 inline constexpr std::uint64_t kLoopPlanCrossStreamMargin = 256;
 /// A retired plan's range is cut around the blocks still live in it; free runs shorter than
 /// this stay with them (a run under a 2 MiB granule could free no physical memory).
@@ -59,6 +60,19 @@ inline constexpr std::size_t kLoopPlanCarveMinGap = 2 * MiB;
 inline constexpr std::size_t kPackHeavyShare = 20;
 inline constexpr std::size_t kPackTrialShare = 1000;
 inline constexpr std::size_t kPackMaxPinned = 4;
+/// A plan is not put in use when its packing wastes more over its live peak than the pool
+/// holds reserved over the iteration's allocated peak, plus this many percent of that peak: memory
+/// first then serves the loop in less memory, with driver calls (bundled case 02: its best
+/// packing is 1.117 of its peak, the pool 1.003; bert_varlen_infer's 1.063 is kept: the pool
+/// creeps to more over repeated passes).
+inline constexpr std::size_t kPlanSlackPercent = 2;
+/// A packing still more than 1% over its live peak then searches swaps of its order (search()
+/// in loop_planner.cpp) for at most kPackSearchPerPair x (large blocks)^2 pair checks, and never
+/// more than kPackSearchChecks (about 0.2 s once per plan, under the device lock; improve()'s
+/// tries have the same bound). Bundled case 12 (50 large blocks) reaches its live peak after
+/// 250k-500k.
+inline constexpr std::size_t kPackSearchPerPair = 512;
+inline constexpr std::size_t kPackSearchChecks = std::size_t{1} << 26;
 
 // --- Whole chunks ------------------------------------------------------------------------------
 

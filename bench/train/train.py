@@ -334,6 +334,7 @@ def main(argv=None) -> int:
     cuarena_stats = {k: own[k] for k in (
         *mapping_keys, "cuarena.events_recorded", "cuarena.sweep_polls",
         "cuarena.sweep_polls_pending", "cuarena.loop_plans", "cuarena.planned_allocations",
+        "cuarena.stream_waits", "cuarena.plans_refused",
         "cuarena.stream_cache_hits", "cuarena.granules_stolen") if k in own} or None
     result = {
         "model": args.model,

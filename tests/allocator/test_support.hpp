@@ -77,6 +77,8 @@ class ForwardingBackend : public DeviceBackend {
   bool event_completed(EventId e) override { return sim_.event_completed(e); }
   void wait_event(EventId e) override { sim_.wait_event(e); }
   void release_event(EventId e) override { sim_.release_event(e); }
+  bool supports_stream_waits() const override { return sim_.supports_stream_waits(); }
+  bool stream_wait_event(StreamId s, EventId e) override { return sim_.stream_wait_event(s, e); }
   bool supports_mapping() const override { return sim_.supports_mapping(); }
   DevicePtr allocate_segment(std::size_t b, StreamId s) override {
     return sim_.allocate_segment(b, s);

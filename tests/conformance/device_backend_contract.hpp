@@ -210,9 +210,36 @@ TYPED_TEST_P(DeviceBackendContract, EventsFollowTheirStream) {
   b.release_event(next);
 }
 
+// A stream made to wait for another stream's event runs its later work after that event: an
+// event recorded on it after the wait is not complete while the other stream is still busy,
+// though the stream itself has no work; a stream not made to wait is unaffected. A backend
+// that cannot order streams says so.
+TYPED_TEST_P(DeviceBackendContract, StreamWaitsOrderTheWaitingStream) {
+  DeviceBackend& b = this->b();
+  const StreamId s = this->h->stream(1), t = this->h->stream(2), u = this->h->stream(3);
+  this->h->keep_busy(s);
+  const EventId busy = b.record_event(s);
+  if (!b.supports_stream_waits()) {
+    EXPECT_FALSE(b.stream_wait_event(t, busy));
+    b.wait_event(busy);
+    b.release_event(busy);
+    return;
+  }
+  ASSERT_TRUE(b.stream_wait_event(t, busy));
+  const EventId after = b.record_event(t);
+  const EventId other = b.record_event(u);
+  b.wait_event(other);
+  EXPECT_TRUE(b.event_completed(other));
+  EXPECT_FALSE(b.event_completed(after)) << "the waiting stream ran ahead of the event";
+  b.wait_event(after);
+  EXPECT_TRUE(b.event_completed(after));
+  b.wait_event(busy);
+  for (EventId e : {busy, after, other}) b.release_event(e);
+}
+
 REGISTER_TYPED_TEST_SUITE_P(DeviceBackendContract, DescribesItself, RefusesTheOtherModesCalls,
                             OutOfMemoryIsZeroAndFreeingMakesRoom, ReservesAlignedDisjointRanges,
                             MapsAliasesUnmapsPartsAndMapsAgain, OneAccessGrantCoversSeveralRuns,
-                            EventsFollowTheirStream);
+                            EventsFollowTheirStream, StreamWaitsOrderTheWaitingStream);
 
 }  // namespace cuarena::conformance

@@ -76,6 +76,14 @@ struct Config {
   /// the loop first uses it, with the memory its older blocks free, so putting a plan in use
   /// costs no peak. Requests the plan does not foresee are served as usual. Default on.
   bool loop_plan = true;
+  /// Under loop_plan, let a planned block reuse bytes another stream freed moments before by
+  /// making the new block's stream wait on the device for that free (an event recorded there,
+  /// cuStreamWaitEvent; the host never blocks), as cudaMallocAsync's internal dependencies do.
+  /// Plans then pack blocks of different streams as tightly as one stream's. False: such blocks
+  /// are planned a margin (256 requests and frees) apart, and one whose free the device has not
+  /// reached yet is served by the pool instead. A backend that cannot order streams behaves as
+  /// false.
+  bool plan_stream_waits = true;
   /// Fraction of the device capacity cuarena may hold (PyTorch's per_process_memory_fraction).
   double per_process_memory_fraction = 1.0;
   /// Reuse a stream's own freed granules for its next request at once, by mapping them at the

@@ -100,6 +100,19 @@ class DeviceBackend {
   /// Returns the event to the backend; the id may be reused.
   virtual void release_event(EventId event) = 0;
 
+  /// True when stream_wait_event() can order streams on the device. The default: false.
+  virtual bool supports_stream_waits() const { return false; }
+
+  /// Makes work submitted to `stream` from now on wait on the device until `event` (recorded on
+  /// another stream) completes (cuStreamWaitEvent); the host does not block. Returns false when
+  /// it cannot for this event (or at all: supports_stream_waits() false); the caller then waits
+  /// for event_completed() instead. Throws BackendError on failure. The default: false.
+  virtual bool stream_wait_event(StreamId stream, EventId event) {
+    (void)stream;
+    (void)event;
+    return false;
+  }
+
   // --- Segment upstreams (supports_mapping() == false) ---------------------------------------
 
   /// True for a mapping (VMM) backend: the calls above are used. False for a segment backend:

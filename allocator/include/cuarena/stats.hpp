@@ -82,6 +82,11 @@ struct Stats {
   /// below half of that).
   std::int64_t memory_first = 0;
   std::int64_t planned_allocations = 0;  ///< allocations served at their planned offset
+  /// planned allocations' streams made to wait on the device for another stream's free
+  /// (config plan_stream_waits), one per free waited for
+  std::int64_t stream_waits = 0;
+  /// loop plans not put in use because their packing was far over their live peak
+  std::int64_t plans_refused = 0;
 
   /// Flattened under PyTorch's key names (`allocated_bytes.all.current`, `num_ooms`, ...) and
   /// cuarena's (`cuarena.granules_mapped`, ...).

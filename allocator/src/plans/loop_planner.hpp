@@ -61,6 +61,8 @@ struct Plan {
   std::vector<Entry> entries;  ///< one per request of the period, in request order
   std::size_t bytes = 0;       ///< extent of the range: max(offset + size)
   std::size_t live_peak = 0;   ///< most bytes of planned blocks live at once (the lower bound)
+  /// Most bytes the job had allocated during the iteration planned (planned blocks or not).
+  std::size_t job_peak = 0;
   /// The entry whose request comes when the plan's own blocks hold least (then the job
   /// itself): where the plan is put in use.
   std::size_t quiet = 0;
@@ -110,7 +112,13 @@ class LoopPlanner {
   std::optional<Plan> refresh(const Plan& plan, std::uint64_t last_seq,
                               std::size_t last_entry) const;
   /// Forgets the plan handed out (its range was given back): any period may be planned again.
-  void forget() { planned_period_ = 0; }
+  void forget() {
+    planned_period_ = 0;
+    refused_period_ = 0;
+  }
+  /// The plan take_plan() handed out was not used (it packed too wide): its period's multiples
+  /// (the same loop, repeated) are not planned either, until forget().
+  void refuse(std::size_t period) { refused_period_ = period; }
 
   const TokenWindow& window() const { return window_; }
   std::uint64_t next_seq() const { return first_seq_ + reqs_.size(); }
@@ -149,6 +157,7 @@ class LoopPlanner {
   std::unordered_map<std::uint64_t, std::array<std::uint64_t, kOccurrences>> last_seen_;
   std::vector<Candidate> candidates_;
   std::size_t planned_period_ = 0;      ///< period of the last plan handed out, until forget()
+  std::size_t refused_period_ = 0;      ///< its multiples are not planned (refuse()), or 0
   std::optional<std::uint64_t> ready_;  ///< the last seq of a confirmed, unplanned period
   std::size_t ready_period_ = 0;
 };

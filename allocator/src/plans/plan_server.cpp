@@ -13,8 +13,9 @@ namespace cuarena::detail {
 PlanServer::PlanServer(Context& ctx, BlockPool& pool, Host& host)
     : ctx_(ctx), pool_(pool), host_(host) {
   if (ctx_.config.loop_plan) {
-    planner_ = std::make_unique<LoopPlanner>(tuning::kLoopPlanMaxPeriod,
-                                             tuning::kLoopPlanCrossStreamMargin);
+    // With stream waits, a block may reuse another stream's bytes right after their free.
+    planner_ = std::make_unique<LoopPlanner>(
+        tuning::kLoopPlanMaxPeriod, stream_waits() ? 0 : tuning::kLoopPlanCrossStreamMargin);
     pool_.set_reclaimer(this);
   }
 }
@@ -84,7 +85,9 @@ DevicePtr PlanServer::serve(LiveBlock& rec, StreamId stream) {
   const Token token{rec.size, stream};
   rec.seq =
       planner_->on_allocate(token, std::size_t(stats.allocated_bytes[int(Pool::kAll)].current));
+  const std::size_t waits = arena_ ? arena_->stream_waits() : 0;
   DevicePtr ptr = arena_ ? arena_->place(token, planner_->window()) : 0;
+  if (arena_) stats.stream_waits += std::int64_t(arena_->stream_waits() - waits);
   if (ptr != 0 && !pool_.back_part(arena_->piece(ptr), ptr, rec.size, stream)) {
     arena_->unplace(ptr);  // no memory for this part now: the pool serves it (or reclaims)
     ptr = 0;
@@ -115,8 +118,20 @@ DevicePtr PlanServer::serve(LiveBlock& rec, StreamId stream) {
   if (!arena_ || arena_->missed()) {
     if (std::optional<Plan> plan = planner_->take_plan(phase)) {
       if (arena_) end_plan(std::move(arena_));
-      if (plan->live_peak != 0) {  // else nothing outlives its iteration: a longer loop may
-        arena_ = std::make_unique<PlannedRange>(ctx_.backend, std::move(*plan), phase);
+      // Nothing outlives its iteration: a longer loop may. A plan wasting more over its live
+      // peak than the pool holds over the iteration's allocated peak (and 2% more) would hold
+      // more than the pool does: the pool serves that loop.
+      const std::size_t reserved = ctx_.reserved();
+      const std::size_t pool_waste = reserved > plan->job_peak ? reserved - plan->job_peak : 0;
+      const bool tight = plan->bytes - plan->live_peak <=
+                         pool_waste + plan->job_peak / 100 * tuning::kPlanSlackPercent;
+      if (!tight) {
+        ++ctx_.stats.plans_refused;
+        planner_->refuse(plan->entries.size());
+      }
+      if (plan->live_peak != 0 && tight) {
+        arena_ =
+            std::make_unique<PlannedRange>(ctx_.backend, std::move(*plan), phase, stream_waits());
         checked_visits_ = 0;
       }
     }

@@ -86,6 +86,11 @@ class PlanServer final : public LazyReclaimer {
   void check_invariants() const;
 
  private:
+  /// Planned blocks may reuse other streams' bytes at once, ordered by stream waits
+  /// (Config::plan_stream_waits, and a backend able to).
+  bool stream_waits() const {
+    return ctx_.config.plan_stream_waits && ctx_.backend.supports_stream_waits();
+  }
   /// Puts a plan that passed its trial in use over a lazy pool range.
   void back(PlannedRange& a, StreamId stream);
   /// Stops placing in `a` and gives the pool every part of its range no live block uses.

@@ -8,8 +8,8 @@
 
 namespace cuarena::detail {
 
-PlannedRange::PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase)
-    : backend_(backend), plan_(std::move(plan)), cursor_(phase) {
+PlannedRange::PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase, bool stream_waits)
+    : backend_(backend), plan_(std::move(plan)), cursor_(phase), may_wait_(stream_waits) {
   CUARENA_ASSERT(!plan_.entries.empty() && cursor_ < plan_.entries.size(),
                  "a plan needs entries and a phase among them");
 }
@@ -115,6 +115,7 @@ bool PlannedRange::available(std::size_t offset, std::size_t size, StreamId stre
   auto next = live_.lower_bound(offset);
   if (next != live_.end() && next->first < end) return false;
   if (next != live_.begin() && std::prev(next)->second.end > offset) return false;
+  to_wait_.clear();
   for (std::size_t i = 0; i < fences_.size();) {
     Fence& f = fences_[i];
     const bool done = backend_.event_completed(f.event);
@@ -124,8 +125,29 @@ bool PlannedRange::available(std::size_t offset, std::size_t size, StreamId stre
       fences_.pop_back();
       continue;
     }
-    if (f.stream != stream && f.offset < end && offset < f.end) return false;
+    if (f.stream != stream && f.offset < end && offset < f.end) {
+      if (!may_wait_) return false;
+      to_wait_.push_back(&f);
+    }
     ++i;
+  }
+  // The device orders the request's stream after those frees (a backend that cannot: the
+  // bytes are busy): per other stream, a wait for its newest such fence, unless the stream
+  // waited for that one or a newer one already. The fences stay until done: another stream
+  // may need them too.
+  std::sort(to_wait_.begin(), to_wait_.end(),
+            [](const Fence* a, const Fence* b) { return a->seq > b->seq; });
+  for (const Fence* f : to_wait_) {
+    auto w = std::find_if(waited_.begin(), waited_.end(),
+                          [&](const Waited& x) { return x.to == stream && x.from == f->stream; });
+    if (w != waited_.end() && w->seq >= f->seq) continue;
+    if (!backend_.stream_wait_event(stream, f->event)) return false;
+    ++stream_waits_;
+    if (w == waited_.end()) {
+      waited_.push_back({stream, f->stream, f->seq});
+    } else {
+      w->seq = f->seq;
+    }
   }
   return true;
 }
@@ -135,8 +157,8 @@ Block* PlannedRange::free(DevicePtr ptr) {
   CUARENA_ASSERT(contains(ptr) && it != live_.end(),
                  "freeing a block the planned arena does not hold");
   if (it->second.fence)
-    fences_.push_back(
-        {it->first, it->second.end, it->second.stream, backend_.record_event(it->second.stream)});
+    fences_.push_back({it->first, it->second.end, it->second.stream,
+                       backend_.record_event(it->second.stream), ++fence_seq_});
   live_.erase(it);
   if (backing_ != nullptr) return nullptr;  // not carved: the whole backing stays
   // The held piece that held ptr: empty now unless another live block lies in it.

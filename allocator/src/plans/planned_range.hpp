@@ -4,9 +4,10 @@
 //
 // It follows the request sequence with a cursor over the plan's entries. A request that matches
 // the entry at the cursor goes to that entry's offset when those bytes are free: no live block
-// of the arena overlaps them, and no free of another stream over them is still unfinished (a
-// fence: an event recorded at that free). Anything else (a request the plan did not foresee, an
-// unplanned entry, bytes still busy) is served by the pool, and the cursor finds its place again
+// of the arena overlaps them, and every free of another stream over them is finished (a fence:
+// an event recorded at that free) or, with stream waits, waited for by the request's stream on
+// the device (DeviceBackend::stream_wait_event). Anything else (a request the plan did not foresee,
+// an unplanned entry, bytes still busy) is served by the pool, and the cursor finds its place again
 // from the window of recent requests (Plan::resume).
 //
 // A plan is first on trial: it follows the requests for a whole period without memory, and is
@@ -30,8 +31,9 @@ namespace cuarena::detail {
 class PlannedRange {
  public:
   /// A plan on trial (no memory yet: place() follows the requests and serves none); `phase`:
-  /// the entry the next request corresponds to.
-  PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase);
+  /// the entry the next request corresponds to. `stream_waits`: a request may take bytes whose
+  /// free on another stream the device has not reached, its stream made to wait for it.
+  PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase, bool stream_waits);
   ~PlannedRange();
   PlannedRange(const PlannedRange&) = delete;
   PlannedRange& operator=(const PlannedRange&) = delete;
@@ -76,6 +78,8 @@ class PlannedRange {
   /// Streams that had blocks here: their work must finish before the backing is reused.
   const std::vector<StreamId>& streams() const { return streams_; }
   const Plan& plan() const { return plan_; }
+  /// Stream waits made so far (a request's stream made to wait for another stream's free).
+  std::size_t stream_waits() const { return stream_waits_; }
   /// The entry the next request corresponds to.
   std::size_t cursor() const { return cursor_; }
   /// On trial: replaces the plan by `fresh`, the same requests in the same order (replanned
@@ -109,8 +113,16 @@ class PlannedRange {
     std::size_t offset, end;
     StreamId stream;
     EventId event;
+    std::uint64_t seq;  ///< recorded after every fence of a lower seq on the same stream
   };
-  /// True when [offset, offset + size) may be handed out on `stream` now.
+  /// The newest fence (by seq) of stream `from` that stream `to` was made to wait for: one
+  /// wait orders `to` after every earlier fence of `from` too.
+  struct Waited {
+    StreamId to, from;
+    std::uint64_t seq;
+  };
+  /// True when [offset, offset + size) may be handed out on `stream` now (having made `stream`
+  /// wait for the unfinished frees of other streams there, with stream waits).
   bool available(std::size_t offset, std::size_t size, StreamId stream);
 
   DeviceBackend& backend_;
@@ -127,6 +139,11 @@ class PlannedRange {
   std::map<std::size_t, Live> live_;  ///< by offset
   std::vector<Fence> fences_;
   std::vector<StreamId> streams_;
+  bool may_wait_;                      ///< stream waits allowed (Config::plan_stream_waits)
+  std::size_t stream_waits_ = 0;       ///< stream waits made
+  std::vector<const Fence*> to_wait_;  ///< available()'s scratch: fences to wait for
+  std::uint64_t fence_seq_ = 0;
+  std::vector<Waited> waited_;  ///< one per (to, from) pair of streams
 };
 
 }  // namespace cuarena::detail

@@ -56,6 +56,10 @@ EventId CudaSegmentBackend::record_event(StreamId stream) { return impl_->events
 bool CudaSegmentBackend::event_completed(EventId event) { return impl_->events.completed(event); }
 void CudaSegmentBackend::wait_event(EventId event) { impl_->events.wait(event); }
 void CudaSegmentBackend::release_event(EventId event) { impl_->events.release(event); }
+bool CudaSegmentBackend::stream_wait_event(StreamId stream, EventId event) {
+  impl_->events.stream_wait(stream, event);
+  return true;
+}
 
 DevicePtr CudaSegmentBackend::reserve_address(std::size_t) { no_mapping("reserve_address"); }
 void CudaSegmentBackend::release_address(DevicePtr, std::size_t) { no_mapping("release_address"); }

@@ -297,5 +297,9 @@ EventId CudaVmmBackend::record_event(StreamId stream) { return impl_->events.rec
 bool CudaVmmBackend::event_completed(EventId event) { return impl_->events.completed(event); }
 void CudaVmmBackend::wait_event(EventId event) { impl_->events.wait(event); }
 void CudaVmmBackend::release_event(EventId event) { impl_->events.release(event); }
+bool CudaVmmBackend::stream_wait_event(StreamId stream, EventId event) {
+  impl_->events.stream_wait(stream, event);
+  return true;
+}
 
 }  // namespace cuarena

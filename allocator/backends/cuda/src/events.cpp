@@ -44,6 +44,17 @@ bool EventPool::completed(EventId event) {
   return true;
 }
 
+void EventPool::stream_wait(StreamId stream, EventId event) {
+  DeviceGuard guard(device_, context_);
+  const DriverApi& api = DriverApi::get();
+  check(log_.time("cudaStreamWaitEvent",
+                  [&] {
+                    return api.stream_wait_event(reinterpret_cast<CUstream>(stream),
+                                                 events_.at(event - 1), 0);
+                  }),
+        "cuStreamWaitEvent");
+}
+
 void EventPool::wait(EventId event) {
   check(DriverApi::get().event_synchronize(events_.at(event - 1)), "cuEventSynchronize");
 }

@@ -26,6 +26,8 @@ class EventPool {
   EventId record(StreamId stream);
   bool completed(EventId event);
   void wait(EventId event);
+  /// Makes `stream`'s later work wait for `event` on the device. Throws BackendError on failure.
+  void stream_wait(StreamId stream, EventId event);
   void release(EventId event) { free_.push_back(event); }
 
  private:

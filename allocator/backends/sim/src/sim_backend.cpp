@@ -266,27 +266,35 @@ bool SimBackend::is_mapped(DevicePtr addr, std::size_t bytes) const {
 
 EventId SimBackend::record_event(StreamId stream) {
   const EventId id = next_event_++;
-  const bool held = !held_streams_.empty() && held_streams_.count(stream) != 0;
   const std::uint64_t latency = options_.event_latency;
   std::uint64_t completes = now_ + latency;
   if (const auto w = last_work_.find(stream); w != last_work_.end())
     completes = std::max(w->second + latency, now_ + std::min<std::uint64_t>(latency, 1));
-  events_.emplace(id, Event{completes, stream, held});
-  held_events_ += held;
+  Event e{completes, stream, {}, now_};
+  if (!held_streams_.empty() && held_streams_.count(stream) != 0) e.held_by.push_back(stream);
+  if (const auto f = waits_.find(stream); f != waits_.end()) {
+    e.completes = std::max(e.completes, f->second.floor);
+    std::erase_if(f->second.held, [&](StreamId s) { return held_streams_.count(s) == 0; });
+    for (const StreamId s : f->second.held) {
+      if (s != stream) e.held_by.push_back(s);
+    }
+  }
+  held_events_ += e.held();
+  events_.emplace(id, std::move(e));
   return id;
 }
 
 bool SimBackend::event_completed(EventId event) {
   auto it = events_.find(event);
   if (it == events_.end()) misuse("query of an unknown event");
-  return !it->second.held && now_ >= it->second.completes;
+  return !it->second.held() && now_ >= it->second.completes;
 }
 
 void SimBackend::wait_event(EventId event) {
   auto it = events_.find(event);
   if (it == events_.end()) misuse("wait on an unknown event");
-  if (it->second.held) {
-    it->second.held = false;
+  if (it->second.held()) {
+    it->second.held_by.clear();
     --held_events_;
   }
   now_ = std::max(now_, it->second.completes);
@@ -295,8 +303,29 @@ void SimBackend::wait_event(EventId event) {
 void SimBackend::release_event(EventId event) {
   auto it = events_.find(event);
   if (it == events_.end()) misuse("release of an unknown event");
-  held_events_ -= it->second.held;
+  held_events_ -= it->second.held();
   events_.erase(it);
+}
+
+bool SimBackend::stream_wait_event(StreamId stream, EventId event) {
+  auto it = events_.find(event);
+  if (it == events_.end()) misuse("stream wait on an unknown event");
+  const Event& e = it->second;
+  ++stream_waits_;
+  if (e.stream == stream) return true;  // stream order already
+  Waits& w = waits_[stream];
+  w.floor = std::max(w.floor, e.completes);
+  for (const StreamId s : e.held_by) {  // its later work waits for those streams' release too
+    if (std::find(w.held.begin(), w.held.end(), s) == w.held.end()) w.held.push_back(s);
+  }
+  std::uint64_t& reach = waited_[{stream, e.stream}];
+  reach = std::max(reach, e.recorded + 1);
+  return true;
+}
+
+bool SimBackend::waited_for(StreamId stream, StreamId other, std::uint64_t tick) const {
+  const auto it = waited_.find({stream, other});
+  return it != waited_.end() && it->second > tick;
 }
 
 void SimBackend::hold_stream(StreamId stream) { held_streams_.insert(stream); }
@@ -304,8 +333,8 @@ void SimBackend::hold_stream(StreamId stream) { held_streams_.insert(stream); }
 void SimBackend::release_stream(StreamId stream) {
   if (held_streams_.erase(stream) == 0 || held_events_ == 0) return;
   for (auto& [id, e] : events_) {
-    if (e.held && e.stream == stream) {  // the stream's work is done: complete now
-      e.held = false;
+    // The stream's work is done: its events (and those waiting for it alone) complete now.
+    if (std::erase(e.held_by, stream) != 0 && !e.held()) {
       e.completes = std::min(e.completes, now_);
       --held_events_;
     }

@@ -139,7 +139,9 @@ def stats(device: object = None) -> dict[str, int]:
     cuarena's own, prefixed ``cuarena.``: driver calls (``cuarena.map_calls``, ...), granules
     moved, ``cuarena.memory_first`` (1 while the pool places memory-first: configured, or turned
     so when it ran short of memory, until an ``empty_cache()`` leaves it low),
-    ``cuarena.loop_plans``, stream-cache hits, and ``cuarena.sweep_polls`` /
+    ``cuarena.loop_plans`` (and ``cuarena.plans_refused``: plans packed too far over their
+    live peak to be used), ``cuarena.stream_waits`` (a planned block's stream made to wait on
+    the device for another stream's free), stream-cache hits, and ``cuarena.sweep_polls`` /
     ``cuarena.sweep_polls_pending`` (how often a poll found the device still working on a
     stream's freed memory: how far the GPU runs behind the job's allocations), and
     ``cuarena.driver_us.<call>``: host microseconds spent in each driver call (``cuMemMap``,

@@ -37,6 +37,8 @@ class CudaSegmentBackend : public CudaBackend {
   bool event_completed(EventId event) override;
   void wait_event(EventId event) override;
   void release_event(EventId event) override;
+  bool supports_stream_waits() const override { return true; }
+  bool stream_wait_event(StreamId stream, EventId event) override;
 
   // A segment backend has no address space or physical handles: these throw std::logic_error.
   DevicePtr reserve_address(std::size_t bytes) override;

@@ -50,6 +50,8 @@ class CudaVmmBackend final : public CudaBackend {
   bool event_completed(EventId event) override;
   void wait_event(EventId event) override;
   void release_event(EventId event) override;
+  bool supports_stream_waits() const override { return true; }
+  bool stream_wait_event(StreamId stream, EventId event) override;
 
   int device() const override;
   /// Driver calls made so far (cuMemCreate/Release/Map/Unmap/SetAccess), for cost accounting.

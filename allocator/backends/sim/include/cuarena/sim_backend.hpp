@@ -9,6 +9,10 @@
 // one does (no sooner than one tick after the record while event_latency >= 1).
 // Deterministic: the same calls give the same addresses and answers on every run.
 //
+// A stream made to wait for another's event (stream_wait_event) completes its later events no
+// sooner than that one, and remembers up to which tick of the other stream it is ordered behind
+// (waited_for(): the tests' check that no byte is reused across streams too early).
+//
 // A stream can be held (hold_stream): events recorded on it while held stay incomplete, whatever
 // the clock says, until release_stream(); the replayer holds a stream that stands for another
 // stream's use of a block (record_stream) until the trace says that use ended.
@@ -27,6 +31,7 @@
 #include <cstdint>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "cuarena/config_table.hpp"
@@ -79,6 +84,10 @@ class SimBackend final : public DeviceBackend {
   bool event_completed(EventId event) override;
   void wait_event(EventId event) override;
   void release_event(EventId event) override;
+  bool supports_stream_waits() const override { return true; }
+  /// Always true: an event of a held stream keeps the waiting stream's later events incomplete
+  /// until that stream's release too.
+  bool stream_wait_event(StreamId stream, EventId event) override;
   bool supports_mapping() const override { return !options_.segments; }
   DevicePtr allocate_segment(std::size_t bytes, StreamId stream) override;
   void free_segment(DevicePtr ptr, std::size_t bytes) override;
@@ -103,6 +112,10 @@ class SimBackend final : public DeviceBackend {
   /// the plain rule (event_latency ticks after the record).
   void queue_work(StreamId stream) { last_work_[stream] = now_; }
   std::uint64_t now() const { return now_; }
+  /// True when work submitted to `stream` from now on runs after all work submitted to `other`
+  /// up to tick `tick`: `stream` was made to wait for an event recorded on `other` at or after it.
+  bool waited_for(StreamId stream, StreamId other, std::uint64_t tick) const;
+  std::size_t stream_waits() const { return stream_waits_; }
 
   /// Physical memory created and not released, in bytes, and its peak.
   std::size_t physical_bytes() const { return physical_bytes_; }
@@ -173,12 +186,30 @@ class SimBackend final : public DeviceBackend {
   struct Event {
     std::uint64_t completes = 0;  // the tick it completes at (once not held)
     StreamId stream = 0;
-    bool held = false;  // recorded on a held stream, not yet released or waited on
+    // Held streams whose release it waits for: its own, held when it was recorded, and those
+    // its stream was made to wait for (stream_wait_event); cleared when the host waits on it.
+    std::vector<StreamId> held_by;
+    std::uint64_t recorded = 0;  // the tick it was recorded at
+    bool held() const { return !held_by.empty(); }
   };
   std::unordered_map<EventId, Event> events_;
   std::unordered_set<StreamId> held_streams_;
   std::unordered_map<StreamId, std::uint64_t> last_work_;  // tick of each stream's latest work
-  std::size_t held_events_ = 0;  // events with `held` set (release_stream scans only when some are)
+  std::size_t held_events_ = 0;  // events held (release_stream scans only when some are)
+  // stream_wait_event(): per stream, what its later events wait for; per (stream, other
+  // stream), one past the latest record tick of an event of the other waited on (0: none).
+  struct Waits {
+    std::uint64_t floor = 0;     // its later events complete no sooner
+    std::vector<StreamId> held;  // held streams whose release its later events wait for
+  };
+  std::unordered_map<StreamId, Waits> waits_;
+  struct PairHash {
+    std::size_t operator()(const std::pair<StreamId, StreamId>& p) const {
+      return std::hash<StreamId>()(p.first) * 31 + std::hash<StreamId>()(p.second);
+    }
+  };
+  std::unordered_map<std::pair<StreamId, StreamId>, std::uint64_t, PairHash> waited_;
+  std::size_t stream_waits_ = 0;
 };
 
 }  // namespace cuarena
