@@ -82,6 +82,7 @@ struct PassFigures {
   std::int64_t allocations;
   std::int64_t planned;       // allocations served at their loop-planned offset (config loop_plan)
   std::int64_t stream_waits;  // planned allocations' streams made to wait for another's free
+  std::int64_t requested_peak;  // most bytes requested and live at once during the pass
   cuarena::Allocator::MemoryBreakdown at_end;  // where the reserved memory is after the pass
 };
 
@@ -118,7 +119,8 @@ std::vector<PassFigures> run(const LoopOps& ops, const replay::SimOptions& optio
                    after.reserved_bytes[all].peak, after.reserved_bytes[all].current,
                    after.allocated_bytes[all].current, p == 0 ? 0 : same, allocations,
                    after.planned_allocations - before.planned_allocations,
-                   after.stream_waits - before.stream_waits, alloc.memory_breakdown()});
+                   after.stream_waits - before.stream_waits, after.requested_bytes[all].peak,
+                   alloc.memory_breakdown()});
   }
   return out;
 }
@@ -180,8 +182,9 @@ std::string columns_help() {
              "Driver calls are the simulator's count of those a GPU would make. Sizes are in B, "
              "KiB, MiB, GiB or TiB (powers of 1024) with two decimals, as 'cuarena replay' "
              "prints them; --json gives every figure in bytes, plus allocated_end_bytes, "
-             "allocations, stream_waits (planned allocations' streams made to wait on the "
-             "device for another stream's free) and where the reserved memory is at each "
+             "allocations, requested_peak_bytes, stream_waits (planned allocations' streams made "
+             "to wait on the device for another stream's free) and where the reserved memory is at "
+             "each "
              "pass's end (end_*_bytes).",
              0);
 }
@@ -272,6 +275,7 @@ int main(int argc, char** argv) {
                         {"same_address_allocations", f.same_addr},
                         {"planned_allocations", f.planned},
                         {"stream_waits", f.stream_waits},
+                        {"requested_peak_bytes", f.requested_peak},
                         {"end_in_use_bytes", f.at_end.in_use},
                         {"end_owned_cached_bytes", f.at_end.owned_cached},
                         {"end_shared_cached_bytes", f.at_end.shared_cached},
