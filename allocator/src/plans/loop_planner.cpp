@@ -145,6 +145,19 @@ void mark_fences(const std::vector<PackItem>& items, const std::vector<std::size
   }
 }
 
+/// The prefix of `order` (by size, largest first) of the blocks of at least 1/kPackTrialShare
+/// of `floor`: they set the extent; the smaller ones only fill gaps.
+std::vector<std::uint32_t> large_prefix(const std::vector<PackItem>& items,
+                                        const std::vector<std::uint32_t>& order,
+                                        std::size_t floor) {
+  std::vector<std::uint32_t> large = order;
+  large.erase(std::find_if(
+                  large.begin(), large.end(),
+                  [&](std::uint32_t i) { return items[i].size * tuning::kPackTrialShare < floor; }),
+              large.end());
+  return large;
+}
+
 /// Greedy leaves a chain of large long-lived blocks, each overlapping the next by a few events
 /// (a micro-batch's logits kept until the next micro-batch's exist), in two slots above the short
 /// large blocks around them, one slot idle at the peak. Pins such blocks (at most
@@ -169,12 +182,9 @@ void improve(const std::vector<PackItem>& items, std::uint64_t period, std::uint
   }
   if (heavy.size() > tuning::kPackMaxPinned) heavy.resize(tuning::kPackMaxPinned);
   if (heavy.empty()) return;
-  // Tries place only the blocks of at least 1/kPackTrialShare of the peak (a prefix of the
-  // order, which is by size): they set the extent; the small ones fill gaps once at the end.
-  std::vector<std::uint32_t> large = order;
-  large.erase(std::find_if(large.begin(), large.end(),
-                           [&](std::uint32_t i) { return !at_least(i, tuning::kPackTrialShare); }),
-              large.end());
+  // Tries place only the large blocks: they set the extent; the small ones fill gaps once at
+  // the end.
+  const std::vector<std::uint32_t> large = large_prefix(items, order, floor);
   std::vector<std::size_t> pin(n, kUnpinned), now(n), trial(n);
   std::size_t checks = 0;
   std::size_t top = place_greedy(items, period, margin, large, pin, now, SIZE_MAX, &checks);
@@ -221,11 +231,7 @@ void search(const std::vector<PackItem>& items, std::uint64_t period, std::uint6
             const std::vector<std::uint32_t>& order, std::size_t floor,
             std::vector<std::size_t>& offsets, std::size_t& extent) {
   const std::size_t n = items.size();
-  std::vector<std::uint32_t> large = order;
-  large.erase(std::find_if(
-                  large.begin(), large.end(),
-                  [&](std::uint32_t i) { return items[i].size * tuning::kPackTrialShare < floor; }),
-              large.end());
+  std::vector<std::uint32_t> large = large_prefix(items, order, floor);
   if (large.size() < 2) return;
   const std::vector<std::size_t> free_pin(n, kUnpinned);
   std::vector<std::size_t> trial(n);
@@ -256,9 +262,7 @@ void search(const std::vector<PackItem>& items, std::uint64_t period, std::uint6
   }
   // The small blocks after the large ones, in the old order.
   std::vector<std::uint32_t> whole = large;
-  for (const std::uint32_t i : order) {
-    if (items[i].size * tuning::kPackTrialShare < floor) whole.push_back(i);
-  }
+  whole.insert(whole.end(), order.begin() + std::ptrdiff_t(large.size()), order.end());
   const std::size_t e = place_greedy(items, period, margin, whole, free_pin, trial, extent - 1);
   if (e < extent) {
     extent = e;

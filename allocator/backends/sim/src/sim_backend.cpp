@@ -311,7 +311,6 @@ bool SimBackend::stream_wait_event(StreamId stream, EventId event) {
   auto it = events_.find(event);
   if (it == events_.end()) misuse("stream wait on an unknown event");
   const Event& e = it->second;
-  ++stream_waits_;
   if (e.stream == stream) return true;  // stream order already
   Waits& w = waits_[stream];
   w.floor = std::max(w.floor, e.completes);

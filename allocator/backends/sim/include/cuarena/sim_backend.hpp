@@ -115,7 +115,6 @@ class SimBackend final : public DeviceBackend {
   /// True when work submitted to `stream` from now on runs after all work submitted to `other`
   /// up to tick `tick`: `stream` was made to wait for an event recorded on `other` at or after it.
   bool waited_for(StreamId stream, StreamId other, std::uint64_t tick) const;
-  std::size_t stream_waits() const { return stream_waits_; }
 
   /// Physical memory created and not released, in bytes, and its peak.
   std::size_t physical_bytes() const { return physical_bytes_; }
@@ -209,7 +208,6 @@ class SimBackend final : public DeviceBackend {
     }
   };
   std::unordered_map<std::pair<StreamId, StreamId>, std::uint64_t, PairHash> waited_;
-  std::size_t stream_waits_ = 0;
 };
 
 }  // namespace cuarena
