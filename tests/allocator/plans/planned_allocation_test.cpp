@@ -208,4 +208,28 @@ TEST(LoopPlan, ABlockTheFirstIterationKeptIsPlannedFromALaterOne) {
   a.deallocate(kept);
 }
 
+// A target not met yet: today the foreign request makes the planner hand out a period it
+// confirmed earlier (the loop twice, which the foreign request just broke), and none of the next
+// four iterations is planned. Trusting the cursor after a miss or two and checking that a
+// handed-out period still matches meet it, but move other traces (docs/results.md, 2026-12-07
+// evening).
+TEST(LoopPlan, DISABLED_ARequestBetweenIterationsLeavesThePlanInPlace) {
+  // A request the loop does not make, between two iterations (as at an epoch's end): the plan
+  // goes on with the next iteration's first request, in place, though the window of recent
+  // requests that finds a lost place holds the foreign one a while longer.
+  SimBackend sim(sim_options());
+  Allocator a(sim, Config::parse("loop_plan:True,whole_chunk_min:0"));
+  const std::vector<std::size_t> sizes = {8 * MiB, 12 * MiB, 4 * MiB, 16 * MiB, 6 * MiB, 10 * MiB};
+  run(a, sizes, 12);
+  ASSERT_GE(a.stats().loop_plans, 1) << "the loop was never planned";
+  const std::int64_t plans = a.stats().loop_plans;
+  a.deallocate(a.allocate(3 * MiB, 1));  // not the loop's (the pool serves it)
+  const Stats before = a.stats();
+  run(a, sizes, 4);
+  const Stats after = a.stats();
+  EXPECT_EQ(after.planned_allocations - before.planned_allocations, 4 * 6);
+  EXPECT_EQ(after.loop_plans, plans) << "another plan took over";
+  a.check_invariants();
+}
+
 }  // namespace
