@@ -85,9 +85,7 @@ DevicePtr PlanServer::serve(LiveBlock& rec, StreamId stream) {
   const Token token{rec.size, stream};
   rec.seq =
       planner_->on_allocate(token, std::size_t(stats.allocated_bytes[int(Pool::kAll)].current));
-  const std::size_t waits = arena_ ? arena_->stream_waits() : 0;
   DevicePtr ptr = arena_ ? arena_->place(token, planner_->window()) : 0;
-  if (arena_) stats.stream_waits += std::int64_t(arena_->stream_waits() - waits);
   if (ptr != 0 && !pool_.back_part(arena_->piece(ptr), ptr, rec.size, stream)) {
     arena_->unplace(ptr);  // no memory for this part now: the pool serves it (or reclaims)
     ptr = 0;
@@ -130,8 +128,8 @@ DevicePtr PlanServer::serve(LiveBlock& rec, StreamId stream) {
         planner_->refuse(plan->entries.size());
       }
       if (plan->live_peak != 0 && tight) {
-        arena_ =
-            std::make_unique<PlannedRange>(ctx_.backend, std::move(*plan), phase, stream_waits());
+        arena_ = std::make_unique<PlannedRange>(ctx_.backend, std::move(*plan), phase,
+                                                stream_waits(), stats.stream_waits);
         checked_visits_ = 0;
       }
     }

@@ -8,8 +8,13 @@
 
 namespace cuarena::detail {
 
-PlannedRange::PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase, bool stream_waits)
-    : backend_(backend), plan_(std::move(plan)), cursor_(phase), may_wait_(stream_waits) {
+PlannedRange::PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase, bool stream_waits,
+                           std::int64_t& waits_made)
+    : backend_(backend),
+      plan_(std::move(plan)),
+      cursor_(phase),
+      may_wait_(stream_waits),
+      waits_made_(waits_made) {
   CUARENA_ASSERT(!plan_.entries.empty() && cursor_ < plan_.entries.size(),
                  "a plan needs entries and a phase among them");
 }
@@ -142,7 +147,7 @@ bool PlannedRange::available(std::size_t offset, std::size_t size, StreamId stre
                           [&](const Waited& x) { return x.to == stream && x.from == f->stream; });
     if (w != waited_.end() && w->seq >= f->seq) continue;
     if (!backend_.stream_wait_event(stream, f->event)) return false;
-    ++stream_waits_;
+    ++waits_made_;
     if (w == waited_.end()) {
       waited_.push_back({stream, f->stream, f->seq});
     } else {

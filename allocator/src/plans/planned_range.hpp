@@ -32,8 +32,10 @@ class PlannedRange {
  public:
   /// A plan on trial (no memory yet: place() follows the requests and serves none); `phase`:
   /// the entry the next request corresponds to. `stream_waits`: a request may take bytes whose
-  /// free on another stream the device has not reached, its stream made to wait for it.
-  PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase, bool stream_waits);
+  /// free on another stream the device has not reached, its stream made to wait for it; each
+  /// wait made adds one to `waits_made` (Stats::stream_waits), which must outlive the range.
+  PlannedRange(DeviceBackend& backend, Plan plan, std::size_t phase, bool stream_waits,
+               std::int64_t& waits_made);
   ~PlannedRange();
   PlannedRange(const PlannedRange&) = delete;
   PlannedRange& operator=(const PlannedRange&) = delete;
@@ -78,8 +80,6 @@ class PlannedRange {
   /// Streams that had blocks here: their work must finish before the backing is reused.
   const std::vector<StreamId>& streams() const { return streams_; }
   const Plan& plan() const { return plan_; }
-  /// Stream waits made so far (a request's stream made to wait for another stream's free).
-  std::size_t stream_waits() const { return stream_waits_; }
   /// The entry the next request corresponds to.
   std::size_t cursor() const { return cursor_; }
   /// On trial: replaces the plan by `fresh`, the same requests in the same order (replanned
@@ -140,7 +140,7 @@ class PlannedRange {
   std::vector<Fence> fences_;
   std::vector<StreamId> streams_;
   bool may_wait_;                      ///< stream waits allowed (Config::plan_stream_waits)
-  std::size_t stream_waits_ = 0;       ///< stream waits made
+  std::int64_t& waits_made_;           ///< counts the stream waits made
   std::vector<const Fence*> to_wait_;  ///< available()'s scratch: fences to wait for
   std::uint64_t fence_seq_ = 0;
   std::vector<Waited> waited_;  ///< one per (to, from) pair of streams
