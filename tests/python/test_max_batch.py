@@ -12,16 +12,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "train"))
 import max_batch  # noqa: E402
 
 
-def search(limit: int, max_b: int = 64, error_at: int | None = None) -> max_batch.Search:
-    args = argparse.Namespace(max_batch=max_b)
+def search(limit: int, max_b: int = 64, error_at: int | None = None, start: int = 1,
+           alone_limit: int | None = None) -> max_batch.Search:
+    """A search whose trials fit up to `limit` (up to `alone_limit` when run alone)."""
+    args = argparse.Namespace(max_batch=max_b, start=start)
     s = max_batch.Search(args, "gpt2", "native", "env", None, Path("."))
 
-    def trial(batch):
-        if batch in s.trials:
-            return s.trials[batch]
+    def trial(batch, alone=False):
+        runs = s.alone if alone else s.trials
+        if batch in runs and not alone:
+            return runs[batch]
+        fits = batch <= (alone_limit if alone and alone_limit is not None else limit)
         r = {"batch": batch, "error": "exit 1"} if batch == error_at else {
-            "batch": batch, "fits": batch <= limit, "tokens_per_s": 100.0 * batch}
-        s.trials[batch] = r
+            "batch": batch, "fits": fits, "tokens_per_s": 100.0 * batch}
+        runs[batch] = r
         return r
 
     s.trial = trial
@@ -33,6 +37,30 @@ def test_largest_fitting_batch(limit):
     s = search(limit)
     assert s.largest() == limit
     assert len(s.trials) <= 14, sorted(s.trials)
+
+
+@pytest.mark.parametrize("start", [1, 3, 8, 12, 64, 100])
+@pytest.mark.parametrize("limit", [0, 1, 7, 8, 9, 11, 12, 13, 40, 64])
+def test_any_start_finds_the_same_batch(limit, start):
+    s = search(limit, start=start)
+    assert s.largest() == limit
+    assert len(s.trials) <= 16, sorted(s.trials)
+
+
+def test_a_start_near_the_answer_saves_trials():
+    assert len(search(9, start=8).trials) == 0
+    near, far = search(9, start=8), search(9)
+    assert near.largest() == far.largest() == 9
+    assert len(near.trials) < len(far.trials)
+
+
+@pytest.mark.parametrize("alone_limit,expect", [(9, 9), (12, 9), (7, 7), (0, 0)])
+def test_the_lone_rerun_steps_down_until_it_fits(alone_limit, expect):
+    s = search(9, alone_limit=alone_limit)
+    assert s.largest_alone(s.largest()) == expect
+    if expect:
+        assert s.alone[expect]["fits"]
+    assert all(not r["fits"] for b, r in s.alone.items() if b > expect)
 
 
 def test_an_error_stops_the_search():
@@ -51,3 +79,21 @@ def test_table_compares_with_native():
             {"model": "gpt2", "allocator": "cuarena", "batch": 12, "tokens_per_s": 1100.0}]
     text = max_batch.table(rows, 16)
     assert "| gpt2 | cuarena | 12 | 1.200 | 1100 | 1.100 |" in text
+
+
+def test_parallel_searches_take_tokens_per_s_from_the_lone_runs(monkeypatch):
+    limits = {"native": 8, "expandable": 9, "cuarena": 11}
+    shared = {"native": 8, "expandable": 10, "cuarena": 11}  # expandable fits more beside others
+
+    def trial(self, batch, alone=False):
+        fits = batch <= (limits if alone else shared)[self.allocator]
+        r = {"batch": batch, "fits": fits, "tokens_per_s": (1.0 if alone else 0.5) * batch}
+        (self.alone if alone else self.trials)[batch] = r
+        return r
+
+    monkeypatch.setattr(max_batch.Search, "trial", trial)
+    args = argparse.Namespace(max_batch=64, start=8, jobs=3, allocators="native,expandable,cuarena")
+    got = {s.allocator: s for s in max_batch.search_model(args, "gpt2", "env", None, Path("."))}
+    assert {a: s.best for a, s in got.items()} == limits
+    assert got["expandable"].alone[9]["tokens_per_s"] == 9.0
+    assert not got["expandable"].alone[10]["fits"]
