@@ -56,14 +56,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def tokens_per_s(res: dict) -> float | None:
-    """Training tokens per second over the run: batch x micro-batches x sequence length of each
-    step, over the steps' summed time."""
-    task = res.get("task") or {}
+def tokens_per_s(res: dict, skip: int = 5) -> float | None:
+    """Training tokens per second once warm: batch x micro-batches x sequence length of each
+    step after the first `skip` (all of them if there are no more), over those steps' summed
+    time. The first steps build the model's kernels and the allocators' caches and plans."""
+    task = res.get("task") or res  # train.py writes the task's fields at the top level
     times = res.get("step_times_s") or []
     seqs = task.get("seq_lens") or []
     if not times or len(seqs) != len(times) or not task.get("batch"):
         return None
+    if len(times) > skip:
+        times, seqs = times[skip:], seqs[skip:]
     tokens = sum(task["batch"] * task.get("micro_batches", 1) * s for s in seqs)
     return tokens / sum(times)
 

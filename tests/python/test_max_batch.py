@@ -72,6 +72,16 @@ def test_tokens_per_s_counts_every_step():
            "step_times_s": [1.0, 1.0]}
     assert max_batch.tokens_per_s(res) == pytest.approx((8 * 4 * 100 + 8 * 4 * 300) / 2.0)
     assert max_batch.tokens_per_s({"task": {"batch": 8}, "step_times_s": [1.0]}) is None
+    # train.py's own JSON: the task's fields at the top level
+    top = {"batch": 8, "micro_batches": 4, "seq_lens": [100, 300], "step_times_s": [1.0, 1.0]}
+    assert max_batch.tokens_per_s(top) == pytest.approx((8 * 4 * 100 + 8 * 4 * 300) / 2.0)
+
+
+def test_tokens_per_s_leaves_out_the_warm_up_steps():
+    res = {"batch": 2, "micro_batches": 1, "seq_lens": [10] * 7,
+           "step_times_s": [9.0, 9.0, 9.0, 9.0, 9.0, 1.0, 1.0]}
+    assert max_batch.tokens_per_s(res) == pytest.approx(2 * 10 * 2 / 2.0)
+    assert max_batch.tokens_per_s(res, skip=0) == pytest.approx(2 * 10 * 7 / 47.0)
 
 
 def test_table_compares_with_native():
