@@ -97,13 +97,87 @@ bool BlockPool::ensure_mapped(Block* b, DevicePtr addr, std::size_t size, Stream
     turn_memory_first();
   // 3. Idle whole chunks, for the runs of holes they fit.
   mappings_.pack_whole(r);
-  // 4. Still short past the threshold: the stream's own free memory, mapped here too.
-  if (ctx_.config.stream_alias) alias_own(r, stream, threshold);
+  // 4. Still short past the threshold: the stream's own free memory, mapped here too (under
+  // the edge granules as well where their free rest can become the stream's).
+  if (ctx_.config.stream_alias) {
+    aliasable_edges(b, addr, size, r);
+    alias_own(r, stream, threshold);
+  }
   // 5. Idle granules, then fresh chunks; refused past the limit.
   if (!mappings_.fill(r, threshold)) return false;
   // 6. One map call per run of holes, one access grant over nearby runs.
   mappings_.map(*b->arena, r);
+  if ((r.edge_lo || r.edge_hi) && (!r.aliases.empty() || r.aliased_whole > 0))
+    claim_edges(b, addr, size, r, stream);
   return true;
+}
+
+void BlockPool::aliasable_edges(const Block* b, DevicePtr addr, std::size_t size,
+                                Backing& r) const {
+  if (r.holes.empty()) return;
+  const Arena& a = *b->arena;
+  // The rest of the granule must lie in free blocks beside b (not in b itself: a lazy range's
+  // other blocks, not yet placed, may be another stream's).
+  auto rest_free = [&](const Block* n, DevicePtr lo, DevicePtr hi, bool up) {
+    while (lo < hi) {
+      if (n == nullptr || !n->is_free() || n->lazy) return false;
+      if (up)
+        lo = n->end(), n = n->next;
+      else
+        hi = n->addr, n = n->prev;
+    }
+    return true;
+  };
+  const std::size_t lo_g = r.holes.front(), hi_g = r.holes.back();
+  if (lo_g < r.inner_first && addr == b->addr &&
+      rest_free(b->prev, a.granule_addr(lo_g), addr, /*up=*/false)) {
+    r.inner_first = lo_g;
+    r.edge_lo = true;
+  }
+  if (hi_g >= r.inner_last && addr + size == b->end() &&
+      rest_free(b->next, addr + size, a.granule_addr(hi_g + 1), /*up=*/true)) {
+    r.inner_last = hi_g + 1;
+    r.edge_hi = true;
+  }
+}
+
+void BlockPool::claim_edges(Block* b, DevicePtr addr, std::size_t size, const Backing& r,
+                            StreamId stream) {
+  StreamFreeLists& sp = index_.stream(stream);
+  const Arena& a = *b->arena;
+  // Each free block in [lo, hi), from n (the one holding lo), becomes the stream's, freed now:
+  // another stream may use it only after a sweep recorded from now on shows the aliased
+  // granules' earlier work done.
+  auto claim = [&](Block* n, DevicePtr lo, DevicePtr hi) {
+    while (n != nullptr && n->addr < hi) {
+      CUARENA_ASSERT(n->is_free() && !n->lazy && n->end() > lo,
+                     "claim_edges: the rest of an edge granule lies in free blocks");
+      const bool was_warm = n->shared || Lru::contains(n);
+      Block* fifo_pos = n->shared ? nullptr : Fifo::next(n);
+      index_.remove(n);
+      if (n->addr < lo) {
+        Block* body = index_.split_off(n, lo);
+        index_.insert(n, fifo_pos, was_warm);
+        n = body;
+      }
+      if (n->end() > hi) index_.insert(index_.split_off(n, hi), fifo_pos, was_warm);
+      n->shared = false;
+      n->stream = stream;
+      n->free_seq = sharing_.note_free(sp);
+      stamp(n);
+      n = coalesce(n);  // may absorb neighbours: the survivor is the stream's, freed now
+      index_.insert(n);
+      if (n->end() >= hi) break;
+      n = n->next;
+    }
+  };
+  if (r.edge_lo) {
+    const DevicePtr lo = a.granule_addr(r.holes.front());
+    Block* n = b->prev;
+    while (n->addr > lo) n = n->prev;
+    claim(n, lo, addr);
+  }
+  if (r.edge_hi) claim(b->next, addr + size, a.granule_addr(r.holes.back() + 1));
 }
 
 Backing BlockPool::holes_of(const Block* b, DevicePtr addr, std::size_t size) const {
@@ -373,18 +447,22 @@ std::size_t BlockPool::alias(StreamFreeLists& sp, std::size_t want, std::vector<
     std::size_t first = 0, last = 0;
     a.interior(f->addr, f->size, first, last);
     last = std::min(last, a.high_water());
-    // The topmost run of actively mapped single granules (whole chunks go through
-    // alias_whole), at most what is wanted.
+    // Runs of actively mapped single granules (whole chunks go through alias_whole), from
+    // the top down, until what is wanted: each run retired leaves the block below it owned.
     auto single = [&](std::size_t g) {
       return a.is_mapped(g) && !mappings_.phys().whole(a.phys(g).chunk);
     };
-    while (last > first && !single(last - 1)) --last;
-    std::size_t g0 = last;
-    while (g0 > first && last - g0 < want - got && single(g0 - 1)) --g0;
-    if (last > g0) {
+    while (got < want) {
+      while (last > first && !single(last - 1)) --last;
+      std::size_t g0 = last;
+      while (g0 > first && last - g0 < want - got && single(g0 - 1)) --g0;
+      if (last == g0) break;
       for (std::size_t g = g0; g < last; ++g) out.push_back(a.phys(g));
       got += last - g0;
+      const bool whole = a.granule_addr(g0) <= f->addr;
       retire(sp, f, g0, last);
+      if (whole) break;
+      last = g0;
     }
     f = next;
   }

@@ -213,6 +213,13 @@ class BlockPool {
   /// under the holes wholly inside the request too (aliases; safe in stream order), when that
   /// lets it fit.
   void alias_own(Backing& r, StreamId stream, std::size_t threshold);
+  /// Lets aliases back r's edge granules (those sticking out of [addr, addr+size) of detached
+  /// block b) whose rest lies in free blocks beside b: widens r's inside range over them.
+  void aliasable_edges(const Block* b, DevicePtr addr, std::size_t size, Backing& r) const;
+  /// After an edge granule took an alias: the free rest of it becomes `stream`'s, freed now,
+  /// so no other stream touches the aliased physical memory before the stream's earlier work
+  /// on it is done (the same wait a retired block's old mapping gets).
+  void claim_edges(Block* b, DevicePtr addr, std::size_t size, const Backing& r, StreamId stream);
   /// Takes back dormant mappings, for holes of detached block b's arena, and files the free
   /// neighbours a whole chunk spilled into (they now cache active granules) for defrag_pass().
   void reactivate(Block* b, std::vector<std::size_t>& holes);

@@ -123,25 +123,56 @@ TEST(StreamOrder, SameStreamReusesPhysicalMemoryAtOnceByAliasing) {
   a.check_invariants();
 }
 
+// Stream 1 frees two 2 MiB blocks around a live one while the device lags far behind.
+struct TwoFreedGranules : ::testing::Test {
+  explicit TwoFreedGranules(const char* config = "small_limit:512")
+      : a(tracking, Config::parse(config)) {
+    void* a1 = a.allocate(2 * MiB, 1);
+    pin = a.allocate(2 * MiB, 1);
+    void* a2 = a.allocate(2 * MiB, 1);
+    freed = tracking.physical(a1, 2 * MiB);
+    for (const auto& x : tracking.physical(a2, 2 * MiB)) freed.insert(x);
+    a.deallocate(a1);
+    a.deallocate(a2);
+  }
+  SimBackend sim{sim_options(1 * GiB, kSlow)};
+  TrackingBackend tracking{sim};
+  Allocator a;
+  void* pin = nullptr;
+  std::set<std::pair<PhysHandle, std::size_t>> freed;  // the freed blocks' physical granules
+};
+
 // Regression: an alias of stream 1's freed memory once landed in a granule that stuck out of
 // the new block into a shared free neighbour, which stream 2 then got at once.
-TEST(StreamOrder, AliasesNeverReachAnotherStreamEarly) {
-  SimBackend sim(sim_options(1 * GiB, kSlow));
-  TrackingBackend tracking(sim);
-  Allocator a(tracking);
-  void* a1 = a.allocate(2 * MiB, 1);
-  void* pin = a.allocate(2 * MiB, 1);
-  void* a2 = a.allocate(2 * MiB, 1);
-  auto freed = tracking.physical(a1, 2 * MiB);
-  for (const auto& x : tracking.physical(a2, 2 * MiB)) freed.insert(x);
-  a.deallocate(a1);
-  a.deallocate(a2);
+TEST_F(TwoFreedGranules, AliasesNeverReachAnotherStreamEarly) {
   void* b = a.allocate(3 * MiB, 1);      // fits no owned block: aliases stream 1's granules
   void* c = a.allocate(3 * MiB / 2, 2);  // another stream, before any event completed
   EXPECT_FALSE(share(tracking.physical(c, 3 * MiB / 2), freed))
       << "stream 2 got memory stream 1 freed before stream 1's event completed";
   a.check_invariants();
   for (void* p : {pin, b, c}) a.deallocate(p);
+}
+
+// b's granule that sticks out of it takes an alias too (no growth), and the free rest of that
+// granule becomes stream 1's, freed now: stream 1 may use it at once, stream 2 only after
+// stream 1's event.
+TEST_F(TwoFreedGranules, AnEdgeGranuleTakesAnAliasAndItsRestStaysWithTheStream) {
+  const std::size_t before = sim.physical_bytes();
+  void* b = a.allocate(3 * MiB, 1);  // two granules, one sticking out: both aliased
+  EXPECT_EQ(sim.physical_bytes(), before) << "the edge granule was created, not aliased";
+  EXPECT_EQ(a.stats().granules_aliased, 2);
+  a.check_invariants();
+  const DevicePtr edge = (addr(b) + 3 * MiB) / (2 * MiB) * (2 * MiB);  // b's last granule
+  void* c = a.allocate(1 * MiB, 2);  // stream 2 may not have the rest of it yet
+  EXPECT_FALSE(share(tracking.physical(c, 1 * MiB), freed))
+      << "stream 2 got memory stream 1 freed before stream 1's event completed";
+  void* d = a.allocate(1 * MiB, 1);  // stream 1 may
+  EXPECT_EQ(addr(d), addr(b) + 3 * MiB) << "stream 1 could not use the rest of b's last granule";
+  EXPECT_EQ(addr(d) / (2 * MiB) * (2 * MiB), edge);
+  a.check_invariants();
+  for (void* p : {pin, b, c, d}) a.deallocate(p);
+  sim.advance(kSlow);
+  a.check_invariants();
 }
 
 TEST(StreamOrder, WithoutAliasingTheStreamWaitsForItsEvent) {
