@@ -635,8 +635,8 @@ def test_recorded_out_of_memory_is_reported_but_not_checked(tmp_path):
 
 def test_min_capacity_checks_its_answer_above_the_search(tmp_path):
     """A synthetic trace (16 events, found by a random search and shrunk) on which cuarena with
-    whole chunks fits at 76 MiB, runs out of memory at 88 and 90 MiB and fits again from
-    92 MiB: the binary search alone would report 76 MiB; the probes above it find the
+    whole chunks fits at 94 MiB, runs out of memory from 102 to 108 MiB and fits again from
+    110 MiB: the binary search alone would report 94 MiB; the probes above it find the
     failures."""
     M = MiB
     events = [(0, 0, 0x140000000, 4 * M), (0, 0, 0x180000000, 8 * M), (0, 0, 0x1c0000000, 16653751),
@@ -652,18 +652,18 @@ def test_min_capacity_checks_its_answer_above_the_search(tmp_path):
     proc = run("replay", path, "--allocator", "cuarena", "--min-capacity", "--json", out,
                "--config", "whole_chunk_min:4MiB,loop_plan:False", check=True)
     [r] = json.loads(out.read_text())["results"]
-    assert r["min_capacity_search_bytes"] == 76 * M
+    assert r["min_capacity_search_bytes"] == 94 * M
     probes = {p["capacity_bytes"]: p["ooms"] for p in r["min_capacity_probes"]}
-    assert all(c > 76 * M for c in probes)
-    assert [c // M for c, ooms in sorted(probes.items()) if ooms] == [88, 90]
-    assert r["min_capacity_bytes"] == 92 * M  # the smallest capacity above which all fit
-    assert all(ooms == 0 for c, ooms in probes.items() if c >= 92 * M)
+    assert all(c > 94 * M for c in probes)
+    assert [c // M for c, ooms in sorted(probes.items()) if ooms] == [102, 104, 106, 108]
+    assert r["min_capacity_bytes"] == 110 * M  # the smallest capacity above which all fit
+    assert all(ooms == 0 for c, ooms in probes.items() if c >= 110 * M)
     [note] = proc.stderr.strip().splitlines()
-    assert note == ("cuarena replay: nonmonotone: cuarena: the capacity search found 76.00 MiB, "
-                    "but 90.00 MiB (above it) runs out of memory (1 failed allocation): min "
-                    "capacity 92.00 MiB, the smallest capacity above which every probe fits "
+    assert note == ("cuarena replay: nonmonotone: cuarena: the capacity search found 94.00 MiB, "
+                    "but 108.00 MiB (above it) runs out of memory (1 failed allocation): min "
+                    "capacity 110.00 MiB, the smallest capacity above which every probe fits "
                     "(min_capacity_probes in the JSON)"), note
-    for capacity, fails in ((76 * M, False), (88 * M, True), (92 * M, False)):
+    for capacity, fails in ((94 * M, False), (104 * M, True), (110 * M, False)):
         [at] = replay_json(tmp_path, path, "--allocator", "cuarena", "--capacity", capacity,
                            "--config", "whole_chunk_min:4MiB,loop_plan:False")
         assert (at["ooms"] > 0) == fails, capacity

@@ -97,10 +97,10 @@ bool BlockPool::ensure_mapped(Block* b, DevicePtr addr, std::size_t size, Stream
     turn_memory_first();
   // 3. Idle whole chunks, for the runs of holes they fit.
   mappings_.pack_whole(r);
-  // 4. Still short past the threshold: the stream's own free memory, mapped here too (under
-  // the edge granules as well where their free rest can become the stream's).
+  // 4. Still short past the threshold: the stream's own free memory, mapped here too (memory
+  // first, under the edge granules as well where their free rest can become the stream's).
   if (ctx_.config.stream_alias) {
-    aliasable_edges(b, addr, size, r);
+    if (!can_turn_memory_first()) aliasable_edges(b, addr, size, r);
     alias_own(r, stream, threshold);
   }
   // 5. Idle granules, then fresh chunks; refused past the limit.

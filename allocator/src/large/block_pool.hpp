@@ -215,6 +215,8 @@ class BlockPool {
   void alias_own(Backing& r, StreamId stream, std::size_t threshold);
   /// Lets aliases back r's edge granules (those sticking out of [addr, addr+size) of detached
   /// block b) whose rest lies in free blocks beside b: widens r's inside range over them.
+  /// Memory first only: placing whole chunks, it held more on most bundled traces (gpt2_train
+  /// 1.0291 -> 1.0368, cnn_varres_infer 1.0462 -> 1.0686; docs/results.md, 2026-12-07 (night)).
   void aliasable_edges(const Block* b, DevicePtr addr, std::size_t size, Backing& r) const;
   /// After an edge granule took an alias: the free rest of it becomes `stream`'s, freed now,
   /// so no other stream touches the aliased physical memory before the stream's earlier work
