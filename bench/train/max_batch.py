@@ -3,7 +3,7 @@
 
     python3 bench/train/max_batch.py --out DIR [--cap-gib 16] [--models gpt2,gpt2_varlen]
         [--allocators native,expandable,cuarena] [--steps 20] [--max-batch 64] [--start 1]
-        [--jobs 1]
+        [--jobs 1] [--seq N]
 
 For each model and allocator, a binary search over the micro-batch size (train.py --batch; 4
 micro-batches a step, as in compare.py's jobs): a batch passes when train.py trains --steps steps
@@ -49,6 +49,10 @@ def parse_args(argv=None):
     p.add_argument("--jobs", type=int, default=1,
                    help="searches run at once, one per allocator (default 1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seq", type=int, default=None,
+                   help="gpt2's sequence length (train.py's default 512): a shorter one makes a "
+                        "sample a smaller unit of memory, so the search tells closer allocators "
+                        "apart")
     p.add_argument("--timeout", type=float, default=900, help="seconds per trial")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--cuarena-route", default="auto", choices=("auto", "env", "wrapper", "run"))
@@ -94,6 +98,8 @@ class Search:
         train_args = ["--model", self.model, "--steps", str(self.args.steps), "--seed",
                       str(self.args.seed), "--batch", str(batch), "--memory-cap",
                       str(self.args.cap_gib), "--out", str(res_path)]
+        if getattr(self.args, "seq", None):
+            train_args += ["--seq", str(self.args.seq)]
         cmd = compare.run_command(self.args.python, self.allocator, self.route, train_args)
         rc = compare.run_logged(cmd, compare.run_env(self.allocator, self.route, self.lib),
                                 log_path, self.args.timeout)

@@ -107,3 +107,18 @@ def test_parallel_searches_take_tokens_per_s_from_the_lone_runs(monkeypatch):
     assert {a: s.best for a, s in got.items()} == limits
     assert got["expandable"].alone[9]["tokens_per_s"] == 9.0
     assert not got["expandable"].alone[10]["fits"]
+
+
+@pytest.mark.parametrize("seq", [None, 128])
+def test_a_trial_passes_the_sequence_length_on(monkeypatch, tmp_path, seq):
+    seen = []
+    monkeypatch.setattr(max_batch.compare, "run_logged", lambda cmd, env, log, timeout: (
+        seen.append(cmd), 1)[1])
+    args = argparse.Namespace(max_batch=64, steps=20, seed=0, cap_gib=16.0, python="python3",
+                              timeout=10, seq=seq)
+    r = max_batch.Search(args, "gpt2", "native", "env", None, tmp_path).trial(8)
+    assert r["error"] == "exit 1"
+    [cmd] = seen
+    assert ("--seq" in cmd) == (seq is not None)
+    if seq:
+        assert cmd[cmd.index("--seq") + 1] == "128"
