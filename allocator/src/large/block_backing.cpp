@@ -98,86 +98,53 @@ bool BlockPool::ensure_mapped(Block* b, DevicePtr addr, std::size_t size, Stream
   // 3. Idle whole chunks, for the runs of holes they fit.
   mappings_.pack_whole(r);
   // 4. Still short past the threshold: the stream's own free memory, mapped here too (memory
-  // first, under the edge granules as well where their free rest can become the stream's).
+  // first, under the top edge granule as well where its free rest can become the stream's).
   if (ctx_.config.stream_alias) {
-    if (!can_turn_memory_first()) aliasable_edges(b, addr, size, r);
+    if (!can_turn_memory_first()) aliasable_edge(b, addr, size, r);
     alias_own(r, stream, threshold);
   }
   // 5. Idle granules, then fresh chunks; refused past the limit.
   if (!mappings_.fill(r, threshold)) return false;
   // 6. One map call per run of holes, one access grant over nearby runs.
   mappings_.map(*b->arena, r);
-  if ((r.edge_lo || r.edge_hi) && (!r.aliases.empty() || r.aliased_whole > 0))
-    claim_edges(b, addr, size, r, stream);
+  // Claimed whenever the request took aliases, the edge granule among them or not: claiming
+  // only where it did moved the default's spread over lags the wrong way (bert_varlen_infer
+  // 0.0028 -> 0.0056, resnet50_amp 0.0007 -> 0.0021; docs/results.md, 2026-12-07 (night)).
+  if (r.edge && (!r.aliases.empty() || r.aliased_whole > 0)) claim_edge(b, r, stream);
   return true;
 }
 
-void BlockPool::aliasable_edges(const Block* b, DevicePtr addr, std::size_t size,
-                                Backing& r) const {
-  if (r.holes.empty()) return;
-  const Arena& a = *b->arena;
-  // The rest of the granule must lie in free blocks beside b (not in b itself: a lazy range's
+void BlockPool::aliasable_edge(const Block* b, DevicePtr addr, std::size_t size, Backing& r) const {
+  // The top edge alone: requests are carved from the bottom of free blocks, so a granule
+  // sticking out below one lies in another block's tail, which no bundled trace shows. The
+  // rest of the granule must lie in one free block above b (not in b itself: a lazy range's
   // other blocks, not yet placed, may be another stream's).
-  auto rest_free = [&](const Block* n, DevicePtr lo, DevicePtr hi, bool up) {
-    while (lo < hi) {
-      if (n == nullptr || !n->is_free() || n->lazy) return false;
-      if (up)
-        lo = n->end(), n = n->next;
-      else
-        hi = n->addr, n = n->prev;
-    }
-    return true;
-  };
-  const std::size_t lo_g = r.holes.front(), hi_g = r.holes.back();
-  if (lo_g < r.inner_first && addr == b->addr &&
-      rest_free(b->prev, a.granule_addr(lo_g), addr, /*up=*/false)) {
-    r.inner_first = lo_g;
-    r.edge_lo = true;
-  }
-  if (hi_g >= r.inner_last && addr + size == b->end() &&
-      rest_free(b->next, addr + size, a.granule_addr(hi_g + 1), /*up=*/true)) {
-    r.inner_last = hi_g + 1;
-    r.edge_hi = true;
-  }
+  if (r.holes.empty()) return;
+  const std::size_t g = r.holes.back();
+  const Block* n = b->next;
+  if (g < r.inner_last || addr + size != b->end() || n == nullptr || !n->is_free() || n->lazy ||
+      n->end() < b->arena->granule_addr(g + 1))
+    return;
+  r.inner_last = g + 1;
+  r.edge = true;
 }
 
-void BlockPool::claim_edges(Block* b, DevicePtr addr, std::size_t size, const Backing& r,
-                            StreamId stream) {
-  StreamFreeLists& sp = index_.stream(stream);
-  const Arena& a = *b->arena;
-  // Each free block in [lo, hi), from n (the one holding lo), becomes the stream's, freed now:
-  // another stream may use it only after a sweep recorded from now on shows the aliased
-  // granules' earlier work done.
-  auto claim = [&](Block* n, DevicePtr lo, DevicePtr hi) {
-    while (n != nullptr && n->addr < hi) {
-      CUARENA_ASSERT(n->is_free() && !n->lazy && n->end() > lo,
-                     "claim_edges: the rest of an edge granule lies in free blocks");
-      const bool was_warm = n->shared || Lru::contains(n);
-      Block* fifo_pos = n->shared ? nullptr : Fifo::next(n);
-      index_.remove(n);
-      if (n->addr < lo) {
-        Block* body = index_.split_off(n, lo);
-        index_.insert(n, fifo_pos, was_warm);
-        n = body;
-      }
-      if (n->end() > hi) index_.insert(index_.split_off(n, hi), fifo_pos, was_warm);
-      n->shared = false;
-      n->stream = stream;
-      n->free_seq = sharing_.note_free(sp);
-      stamp(n);
-      n = coalesce(n);  // may absorb neighbours: the survivor is the stream's, freed now
-      index_.insert(n);
-      if (n->end() >= hi) break;
-      n = n->next;
-    }
-  };
-  if (r.edge_lo) {
-    const DevicePtr lo = a.granule_addr(r.holes.front());
-    Block* n = b->prev;
-    while (n->addr > lo) n = n->prev;
-    claim(n, lo, addr);
-  }
-  if (r.edge_hi) claim(b->next, addr + size, a.granule_addr(r.holes.back() + 1));
+void BlockPool::claim_edge(Block* b, const Backing& r, StreamId stream) {
+  const DevicePtr hi = b->arena->granule_addr(r.holes.back() + 1);
+  Block* n = b->next;
+  CUARENA_ASSERT(n != nullptr && n->is_free() && !n->lazy && n->end() >= hi,
+                 "claim_edge: the rest of the edge granule lies in one free block");
+  // The rest becomes the stream's, freed now: another stream may use it only after a sweep
+  // recorded from now on shows the aliased granule's earlier work done.
+  const bool was_warm = n->shared || Lru::contains(n);
+  Block* fifo_pos = n->shared ? nullptr : Fifo::next(n);
+  index_.remove(n);
+  if (n->end() > hi) index_.insert(index_.split_off(n, hi), fifo_pos, was_warm);
+  n->shared = false;
+  n->stream = stream;
+  n->free_seq = sharing_.note_free(index_.stream(stream));
+  stamp(n);
+  index_.insert(coalesce(n));  // a neighbour it absorbs is the stream's, freed now, too
 }
 
 Backing BlockPool::holes_of(const Block* b, DevicePtr addr, std::size_t size) const {

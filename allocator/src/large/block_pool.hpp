@@ -213,15 +213,16 @@ class BlockPool {
   /// under the holes wholly inside the request too (aliases; safe in stream order), when that
   /// lets it fit.
   void alias_own(Backing& r, StreamId stream, std::size_t threshold);
-  /// Lets aliases back r's edge granules (those sticking out of [addr, addr+size) of detached
-  /// block b) whose rest lies in free blocks beside b: widens r's inside range over them.
+  /// Lets an alias back r's top edge granule (sticking out of [addr, addr+size), the end of
+  /// detached block b) when the rest of it lies in the free block above b: widens r's inside
+  /// range over it (Backing::edge).
   /// Memory first only: placing whole chunks, it held more on most bundled traces (gpt2_train
   /// 1.0291 -> 1.0368, cnn_varres_infer 1.0462 -> 1.0686; docs/results.md, 2026-12-07 (night)).
-  void aliasable_edges(const Block* b, DevicePtr addr, std::size_t size, Backing& r) const;
-  /// After an edge granule took an alias: the free rest of it becomes `stream`'s, freed now,
-  /// so no other stream touches the aliased physical memory before the stream's earlier work
-  /// on it is done (the same wait a retired block's old mapping gets).
-  void claim_edges(Block* b, DevicePtr addr, std::size_t size, const Backing& r, StreamId stream);
+  void aliasable_edge(const Block* b, DevicePtr addr, std::size_t size, Backing& r) const;
+  /// After the top edge granule of b may have taken an alias: the free rest of it becomes
+  /// `stream`'s, freed now, so no other stream touches the aliased physical memory before the
+  /// stream's earlier work on it is done (the same wait a retired block's old mapping gets).
+  void claim_edge(Block* b, const Backing& r, StreamId stream);
   /// Takes back dormant mappings, for holes of detached block b's arena, and files the free
   /// neighbours a whole chunk spilled into (they now cache active granules) for defrag_pass().
   void reactivate(Block* b, std::vector<std::size_t>& holes);

@@ -27,8 +27,8 @@ namespace cuarena::detail {
 ///
 /// holes.size() == supply.size() once pack_whole() ran; every hole i with supply[i] valid is
 /// backed by that physical granule; aliases are lent only to holes inside [inner_first,
-/// inner_last): granules wholly inside the request, and (edge_lo, edge_hi) an edge granule
-/// sticking out of it whose free rest the request's stream claims (BlockPool::claim_edges;
+/// inner_last): granules wholly inside the request, and (edge) the top granule sticking out of
+/// it when its free rest is to become the request's stream's (BlockPool::claim_edge;
 /// unclaimed, other streams could use that rest at once).
 struct Backing {
   std::vector<std::size_t> holes;     ///< unmapped granules of the request's range, ascending
@@ -36,11 +36,11 @@ struct Backing {
   std::vector<std::uint32_t> wholes;  ///< idle whole chunks taken (given back on refusal)
   std::vector<PhysRef> aliases;       ///< the stream's own granules its retired blocks lend
   std::size_t inner_first = 0, inner_last = 0;
-  bool edge_lo = false, edge_hi = false;  ///< the inside range covers that edge granule too
-  std::size_t packed = 0;                 ///< holes backed by whole chunks, idle or aliased
-  std::size_t aliased_whole = 0;          ///< of which aliased
-  std::size_t reclaimed_idle = 0;         ///< granules steal() made idle for this request
-  std::size_t idle_taken = 0;             ///< idle single granules fill() took
+  bool edge = false;               ///< the inside range covers the top edge granule too
+  std::size_t packed = 0;          ///< holes backed by whole chunks, idle or aliased
+  std::size_t aliased_whole = 0;   ///< of which aliased
+  std::size_t reclaimed_idle = 0;  ///< granules steal() made idle for this request
+  std::size_t idle_taken = 0;      ///< idle single granules fill() took
   bool inside(std::size_t g) const { return g >= inner_first && g < inner_last; }
 };
 
