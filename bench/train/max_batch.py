@@ -98,7 +98,7 @@ class Search:
         train_args = ["--model", self.model, "--steps", str(self.args.steps), "--seed",
                       str(self.args.seed), "--batch", str(batch), "--memory-cap",
                       str(self.args.cap_gib), "--out", str(res_path)]
-        if getattr(self.args, "seq", None):
+        if self.args.seq:
             train_args += ["--seq", str(self.args.seq)]
         cmd = compare.run_command(self.args.python, self.allocator, self.route, train_args)
         rc = compare.run_logged(cmd, compare.run_env(self.allocator, self.route, self.lib),
@@ -125,7 +125,7 @@ class Search:
     def largest(self) -> int | None:
         """The largest batch in [1, max_batch] that fits (0: not even 1); None on an error."""
         lo, hi = 0, None  # lo fits (0: nothing yet); hi does not (None: none found yet)
-        b = max(1, min(getattr(self.args, "start", 1), self.args.max_batch))
+        b = max(1, min(self.args.start, self.args.max_batch))
         while True:  # halve from a start that does not fit
             r = self.trial(b)
             if "error" in r:

@@ -140,11 +140,7 @@ void BlockPool::claim_edge(Block* b, const Backing& r, StreamId stream) {
   Block* fifo_pos = n->shared ? nullptr : Fifo::next(n);
   index_.remove(n);
   if (n->end() > hi) index_.insert(index_.split_off(n, hi), fifo_pos, was_warm);
-  n->shared = false;
-  n->stream = stream;
-  n->free_seq = sharing_.note_free(index_.stream(stream));
-  stamp(n);
-  index_.insert(coalesce(n));  // a neighbour it absorbs is the stream's, freed now, too
+  free_now(n, index_.stream(stream));  // a neighbour it absorbs is the stream's, freed now, too
 }
 
 Backing BlockPool::holes_of(const Block* b, DevicePtr addr, std::size_t size) const {

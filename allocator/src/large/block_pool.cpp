@@ -152,11 +152,16 @@ bool BlockPool::others_hold_frees(StreamId stream) const {
 void BlockPool::deallocate(Block* b) {
   StreamFreeLists& sp = index_.stream(b->stream);
   b->allocated = false;
+  free_now(b, sp);
+  sharing_.after_free(sp);
+}
+
+void BlockPool::free_now(Block* b, StreamFreeLists& sp) {
   b->shared = false;
+  b->stream = sp.id;
   b->free_seq = sharing_.note_free(sp);
   stamp(b);
   index_.insert(coalesce(b));  // newest free_seq: the FIFO's back keeps it sorted
-  sharing_.after_free(sp);
 }
 
 Block* BlockPool::reserve_lazy(std::size_t size, StreamId stream) {

@@ -223,6 +223,9 @@ class BlockPool {
   /// `stream`'s, freed now, so no other stream touches the aliased physical memory before the
   /// stream's earlier work on it is done (the same wait a retired block's old mapping gets).
   void claim_edge(Block* b, const Backing& r, StreamId stream);
+  /// Files detached free block b as freed now on sp's stream: owned by it, with its newest free
+  /// number (stamped), coalesced with its owned neighbours. No sweep bookkeeping (after_free).
+  void free_now(Block* b, StreamFreeLists& sp);
   /// Takes back dormant mappings, for holes of detached block b's arena, and files the free
   /// neighbours a whole chunk spilled into (they now cache active granules) for defrag_pass().
   void reactivate(Block* b, std::vector<std::size_t>& holes);
