@@ -61,15 +61,16 @@ TEST(MonitorInputs, AvailableBytesAsMemoryAvailableCountsThem) {
   b.owned_cached = 10;
   b.shared_cached = 20;
   b.idle = 30;
+  b.retired = 4;           // reusable once its event completes
   b.slab_free = 1000;      // not reusable by a large request
   b.stream_cached = 2000;  // in use until it returns
-  EXPECT_EQ(reusable_bytes(b), 60);
+  EXPECT_EQ(reusable_bytes(b), 64);
   // Device-bound: free + cached.
-  EXPECT_EQ(available_bytes(100, b, 500, 10'000), 160);
+  EXPECT_EQ(available_bytes(100, b, 500, 10'000), 164);
   // Limit-bound: limit - reserved + cached.
-  EXPECT_EQ(available_bytes(100'000, b, 500, 1'000), 560);
+  EXPECT_EQ(available_bytes(100'000, b, 500, 1'000), 564);
   // Reserved above the limit (fraction lowered): only the cache.
-  EXPECT_EQ(available_bytes(100'000, b, 2'000, 1'000), 60);
+  EXPECT_EQ(available_bytes(100'000, b, 2'000, 1'000), 64);
   EXPECT_EQ(available_bytes(-1, b, 0, 1'000), -1);
 }
 

@@ -183,18 +183,21 @@ class Allocator {
   };
   Fragmentation fragmentation() const;
 
-  /// Where the reserved (physical) memory is, in bytes. in_use + owned_cached + shared_cached +
-  /// idle make up reserved_bytes (less any granule mapped only at a retired address); `retired`
-  /// counts old addresses of granules that in_use already counts, and slab_free and
-  /// stream_cached are part of in_use.
+  /// Where the reserved (physical) memory is, in bytes, each physical granule counted once
+  /// (where it is mapped at two addresses, under the more used):
+  /// in_use + owned_cached + shared_cached + retired + idle == reserved_bytes (mapping pools;
+  /// segment mode the same, with retired and idle 0). slab_free and stream_cached are part of
+  /// in_use.
   struct MemoryBreakdown {
     std::size_t in_use = 0;         ///< granules under allocated blocks and slabs
     std::size_t slab_free = 0;      ///< of in_use: free slots inside slabs
     std::size_t stream_cached = 0;  ///< of in_use: freed blocks parked in stream caches
     std::size_t owned_cached = 0;   ///< cached in free blocks only their stream may reuse yet
     std::size_t shared_cached = 0;  ///< cached in free blocks any stream may reuse or unmap
-    std::size_t retired = 0;        ///< old addresses of re-used granules, awaiting an event
-    std::size_t idle = 0;           ///< physical granules active nowhere (dormant at most)
+    /// under no allocated or free block, mapped only at a retired range (the old address of
+    /// memory that moved): reusable once the freeing stream's event completes
+    std::size_t retired = 0;
+    std::size_t idle = 0;  ///< physical granules active nowhere (dormant at most)
   };
   /// O(mapped granules): for diagnostics, not for hot paths.
   MemoryBreakdown memory_breakdown() const;

@@ -49,8 +49,7 @@ void write_reading(MonitorPage& page, const Reading& r) {
   put(page.requested_bytes, s.requested_bytes[all].current);
   put(page.requested_peak_bytes, s.requested_bytes[all].peak);
   put(page.active_bytes, s.active_bytes[all].current);
-  put(page.reclaimable_bytes,
-      std::int64_t(b.owned_cached + b.shared_cached + b.idle + b.slab_free + b.stream_cached));
+  put(page.reclaimable_bytes, reusable_bytes(b) + std::int64_t(b.slab_free + b.stream_cached));
   put(page.largest_free_bytes, r.largest_free);
   put(page.limit_bytes, r.limit);
   put(page.available_bytes,

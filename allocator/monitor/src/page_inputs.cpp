@@ -19,7 +19,7 @@ bool monitor_enabled() {
 }
 
 std::int64_t reusable_bytes(const Allocator::MemoryBreakdown& b) {
-  return std::int64_t(b.owned_cached + b.shared_cached + b.idle);
+  return std::int64_t(b.owned_cached + b.shared_cached + b.retired + b.idle);
 }
 
 std::int64_t available_bytes(std::int64_t device_free_bytes, const Allocator::MemoryBreakdown& b,

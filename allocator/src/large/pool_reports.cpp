@@ -1,6 +1,9 @@
 // What the block pool holds, for statistics and snapshots: mapped runs, free mapped extents and
 // where the physical memory is. Read-only walks over the arenas' blocks and granules.
 #include <algorithm>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
 
 #include "large/block_pool.hpp"
 
@@ -70,11 +73,24 @@ void BlockPool::mapped_extents(const Block* b, DevicePtr lo, DevicePtr hi, std::
   largest = std::max(largest, run);
 }
 
+// A physical granule may be active at two addresses (an alias and the retired range it came
+// from): it is counted once, under the most-used block over any of them, so the parts add up
+// to the physical bytes.
 BlockPool::Breakdown BlockPool::breakdown() const {
   Breakdown out;
+  auto add = [&](int r) {
+    if (r == 3)
+      out.allocated += ctx_.granule;
+    else if (r == 2)
+      out.retired += ctx_.granule;
+    else if (r == 1)
+      out.owned += ctx_.granule;
+    else if (r == 0)
+      out.shared += ctx_.granule;
+  };
+  std::unordered_map<std::uint64_t, int> physical;  // PhysRef (chunk, offset) -> rank
   for (std::size_t i = 0; i < arenas_.size(); ++i) {
     const Arena& a = *arenas_[i];
-    // Each mapped granule is counted once, under the most-used block overlapping it.
     std::vector<int> rank(a.high_water(), -1);
     for (const Block* b = index_.firsts()[i];
          b != nullptr && b->addr < a.granule_addr(a.high_water()); b = b->next) {
@@ -85,17 +101,18 @@ BlockPool::Breakdown BlockPool::breakdown() const {
       for (std::size_t g = first; g < std::min(last, a.high_water()); ++g)
         if (a.is_mapped(g)) rank[g] = std::max(rank[g], r);
     }
-    for (int r : rank) {
-      if (r == 3)
-        out.allocated += ctx_.granule;
-      else if (r == 2)
-        out.retired += ctx_.granule;
-      else if (r == 1)
-        out.owned += ctx_.granule;
-      else if (r == 0)
-        out.shared += ctx_.granule;
+    for (std::size_t g = 0; g < rank.size(); ++g) {
+      const PhysRef p = a.phys(g);
+      if (!p.valid()) {  // a segment's granule: mapped at this address alone
+        add(rank[g]);
+        continue;
+      }
+      if (!a.is_mapped(g)) continue;  // dormant: idle below
+      int& r = physical.try_emplace(std::uint64_t(p.chunk) << 32 | p.offset, -1).first->second;
+      r = std::max(r, rank[g]);
     }
   }
+  for (const auto& [ref, r] : physical) add(r);
   out.idle = mappings_.idle_granules() * ctx_.granule;
   return out;
 }

@@ -91,7 +91,7 @@ class MonitorPublisher {
 bool monitor_enabled();
 
 /// Cached memory a request can be backed by (moved by remapping): owned and shared cached free
-/// blocks and idle physical granules. Free slab slots and parked blocks are in use until they
+/// blocks, retired memory and idle physical granules. Free slab slots and parked blocks are in use until they
 /// return. Bytes.
 std::int64_t reusable_bytes(const Allocator::MemoryBreakdown& b);
 
