@@ -20,7 +20,7 @@ should that run not fit (an allocator whose footprint depends on timing), the ba
 tried, alone, until one fits.
 
 Prints a markdown table (model | allocator | largest batch | vs native | tokens/s at it | vs
-native) and writes DIR/max_batch.json (every trial) and DIR/max_batch.md. Exits 1 if a trial
+native; a batch shown as "N+" is --max-batch, which fit: raise it) and writes DIR/max_batch.json (every trial) and DIR/max_batch.md. Exits 1 if a trial
 failed other than by running out of memory. Needs a GPU, torch and transformers.
 """
 
@@ -156,6 +156,10 @@ class Search:
             lo, hi = (mid, hi) if r["fits"] else (lo, mid)
         return lo
 
+    def at_max(self) -> bool:
+        """--max-batch itself fit: the search stopped at its bound, not at memory's."""
+        return bool(self.trials.get(self.args.max_batch, {}).get("fits"))
+
     def largest_alone(self, best: int) -> int | None:
         """After a search run beside others: `best` rerun alone, stepping down while it does
         not fit; the batch whose lone run fits (its result in self.alone), 0, or None on an
@@ -172,20 +176,30 @@ class Search:
 
 
 def table(rows: list[dict], cap: float) -> str:
+    """A row with "at_max" set found --max-batch fitting: its batch is a lower bound ("64+"),
+    and no batch ratio involving it is shown."""
     out = [f"Largest micro-batch (x4 per step) trained under {cap:g} GiB, and tokens/s there:", "",
            "| model | allocator | largest batch | vs native | tokens/s | vs native |",
            "|---|---|---|---|---|---|"]
+    bounded = False
     for r in rows:
         native = next((n for n in rows if n["model"] == r["model"] and n["allocator"] == "native"),
                       None)
 
         def ratio(key):
             a, b = r.get(key), native.get(key) if native else None
+            if key == "batch" and (r.get("at_max") or (native and native.get("at_max"))):
+                return "-"
             return f"{a / b:.3f}" if a and b else "-"
 
         tps = f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else "-"
-        out.append(f"| {r['model']} | {r['allocator']} | {r.get('batch', 'error')} | "
+        batch = r.get("batch", "error")
+        if r.get("at_max"):
+            batch, bounded = f"{batch}+", True
+        out.append(f"| {r['model']} | {r['allocator']} | {batch} | "
                    f"{ratio('batch')} | {tps} | {ratio('tokens_per_s')} |")
+    if bounded:
+        out += ["", "N+: --max-batch (N) fit, so the largest batch is not known: raise --max-batch."]
     return "\n".join(out) + "\n"
 
 
@@ -219,6 +233,7 @@ def main(argv=None) -> int:
                                     if "error" in t)
             else:
                 row["batch"] = s.best
+                row["at_max"] = s.at_max()
                 timed = s.alone if args.jobs > 1 else s.trials
                 row["tokens_per_s"] = timed[s.best]["tokens_per_s"] if s.best else None
                 if args.jobs > 1 and s.best:

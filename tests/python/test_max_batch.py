@@ -91,6 +91,20 @@ def test_table_compares_with_native():
     assert "| gpt2 | cuarena | 12 | 1.200 | 1100 | 1.100 |" in text
 
 
+def test_a_batch_at_the_bound_is_a_lower_bound():
+    at, below = search(64), search(63)
+    assert at.largest() == 64 and at.at_max()
+    assert below.largest() == 63 and not below.at_max()
+    rows = [{"model": "gpt2", "allocator": "native", "batch": 64, "at_max": True,
+             "tokens_per_s": 1000.0},
+            {"model": "gpt2", "allocator": "cuarena", "batch": 64, "at_max": True,
+             "tokens_per_s": 1100.0}]
+    text = max_batch.table(rows, 16)
+    assert "| gpt2 | cuarena | 64+ | - | 1100 | 1.100 |" in text
+    assert "raise --max-batch" in text
+    assert "raise --max-batch" not in max_batch.table([dict(r, at_max=False) for r in rows], 16)
+
+
 def test_parallel_searches_take_tokens_per_s_from_the_lone_runs(monkeypatch):
     limits = {"native": 8, "expandable": 9, "cuarena": 11}
     shared = {"native": 8, "expandable": 10, "cuarena": 11}  # expandable fits more beside others
