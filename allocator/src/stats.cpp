@@ -53,6 +53,7 @@ std::map<std::string, std::int64_t> Stats::to_map() const {
   out["cuarena.sweep_polls_pending"] = sweep_polls_pending;
   out["cuarena.cross_stream_reuses"] = cross_stream_reuses;
   out["cuarena.grow_waits"] = grow_waits;
+  out["cuarena.grow_stream_waits"] = grow_stream_waits;
   out["cuarena.pending_frees"] = pending_frees;
   out["cuarena.stream_cache_hits"] = stream_cache_hits;
   out["cuarena.stream_cached_bytes"] = stream_cached_bytes;

@@ -345,6 +345,9 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
   if (std::string_view(sc.config).find("wait_before_grow:True") != std::string_view::npos) {
     EXPECT_GT(a.stats().grow_waits, 0) << "no wait before growing was exercised";
   }
+  if (std::string_view(sc.config).find("internal_dependencies:True") != std::string_view::npos) {
+    EXPECT_GT(a.stats().grow_stream_waits, 0) << "no device wait before growing was exercised";
+  }
   if (sc.capacity <= kTightCapacity) {
     EXPECT_GT(ooms, 0u) << "a tight scenario never ran out of memory";
     // Running short, a mapping pool turns memory-first (config whole_chunk_fraction), and back
@@ -391,6 +394,12 @@ const Scenario kScenarios[] = {
      3000},
     {"wait_before_grow_segments_laggy", 8 * GiB, 200, "wait_before_grow:True,upstream:malloc",
      3000},
+    {"internal_dependencies_laggy", 8 * GiB, 200, "internal_dependencies:True", 3000},
+    {"internal_dependencies_tight", 384 * MiB, 20, "internal_dependencies:True", 3000},
+    {"internal_dependencies_memory_first_laggy", 8 * GiB, 200,
+     "internal_dependencies:True,whole_chunk_min:0", 3000},
+    {"internal_dependencies_segments_laggy", 8 * GiB, 200,
+     "internal_dependencies:True,upstream:malloc", 3000},
 };
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Randomized,

@@ -122,7 +122,18 @@ class Allocator::Impl final : private detail::PlanServer::Host {
           ptr = slabs_.allocate(cls, stream, rec.slab);
         }
       } else if (rec.size != 0) {
-        if (ctx_.config.wait_before_grow && !cached_only && pool_.others_hold_frees(stream)) {
+        if (ctx_.config.internal_dependencies && !cached_only && pool_.others_hold_frees(stream)) {
+          // First from mapped memory; if that needs more, the other streams' frees, ordered
+          // on the device.
+          {
+            const detail::CachedOnlyScope mapped_only(ctx_, true, SIZE_MAX);
+            rec.block = pool_.try_allocate(rec.size, stream, alignment);
+          }
+          if (rec.block == nullptr)
+            stats_.grow_stream_waits += std::int64_t(pool_.adopt_frees(stream));
+        }
+        if (rec.block == nullptr && ctx_.config.wait_before_grow && !cached_only &&
+            pool_.others_hold_frees(stream)) {
           // First without fresh memory; if that needs some, the other streams' frees may make
           // it unnecessary once the device has reached them.
           {

@@ -149,6 +149,29 @@ bool BlockPool::others_hold_frees(StreamId stream) const {
   return false;
 }
 
+std::size_t BlockPool::adopt_frees(StreamId stream) {
+  if (!ctx_.backend.supports_stream_waits()) return 0;
+  sharing_.settle();
+  StreamFreeLists& to = index_.stream(stream);
+  std::size_t waited = 0;
+  for (auto& [id, sp] : index_.streams()) {
+    if (id == stream || sp.fifo.empty()) continue;
+    const EventId e = ctx_.backend.record_event(id);
+    ++ctx_.stats.events_recorded;
+    const bool ordered = ctx_.backend.stream_wait_event(stream, e);
+    ctx_.backend.release_event(e);
+    if (!ordered) continue;
+    ++waited;
+    // Oldest first: each becomes `stream`'s newest free, so the FIFO stays sorted.
+    while (!sp.fifo.empty()) {
+      Block* b = sp.fifo.front();
+      index_.remove(b);
+      free_now(b, to);
+    }
+  }
+  return waited;
+}
+
 void BlockPool::deallocate(Block* b) {
   StreamFreeLists& sp = index_.stream(b->stream);
   b->allocated = false;

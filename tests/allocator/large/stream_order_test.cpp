@@ -201,6 +201,30 @@ TEST(StreamOrder, CrossStreamStealingWaitsForTheEvent) {
   a.check_invariants();
 }
 
+// internal_dependencies: the same request of stream 2 takes stream 1's unswept block instead of
+// growing, and stream 2 is made to wait on the device for stream 1's work up to then; the host
+// waits for nothing. Without a backend able to order streams it grows as above.
+TEST(StreamOrder, InternalDependenciesTakeAnotherStreamsFreeWithADeviceWait) {
+  SimBackend sim(sim_options(1 * GiB, kSlow));
+  Allocator a(sim, Config::parse("small_limit:512,sweep_interval:1,internal_dependencies:True"));
+  void* p = a.allocate(64 * MiB, 1);
+  const std::uint64_t freed_at = sim.now();
+  a.deallocate(p);
+  EXPECT_FALSE(sim.waited_for(2, 1, freed_at));
+  void* q = a.allocate(60 * MiB, 2);
+  EXPECT_EQ(sim.physical_bytes(), 64 * MiB) << "grew instead of taking stream 1's free";
+  EXPECT_EQ(q, p);
+  EXPECT_TRUE(sim.waited_for(2, 1, freed_at)) << "stream 2 reuses stream 1's bytes unordered";
+  EXPECT_EQ(a.stats().grow_stream_waits, 1);
+  EXPECT_EQ(a.stats().grow_waits, 0);
+  // A request mapped memory serves (stream 2's own free) makes no wait.
+  a.deallocate(q);
+  void* r = a.allocate(60 * MiB, 2);
+  EXPECT_EQ(a.stats().grow_stream_waits, 1);
+  a.deallocate(r);
+  a.check_invariants();
+}
+
 // Frees share lazily: a free's check leaves its poll, and the sharing of what completed, owed to
 // the next request (or to a free beside a block it may cover). The tests free, on stream 1, blocks
 // laid out p[0] | p[1] | ... so that a later free lands between blocks whose sharing is owed; every

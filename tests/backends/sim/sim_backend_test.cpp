@@ -180,3 +180,23 @@ TEST(SimBackend, HeldStreamEventsCompleteOnlyAfterRelease) {
   for (EventId e : {held, other, later, waited}) sim.release_event(e);
   EXPECT_EQ(sim.live_events(), 0u);
 }
+
+// CUDA's stream waits are transitive: a stream waiting on an event of a stream that had waited
+// for a third is ordered after that third's work up to the first wait's event, and no further.
+TEST(SimBackend, StreamWaitsAreTransitive) {
+  SimBackend sim(SimBackend::Options{});
+  sim.advance(5);
+  const EventId on3 = sim.record_event(3);  // stream 3's work up to tick 5
+  sim.advance(5);
+  ASSERT_TRUE(sim.stream_wait_event(1, on3));
+  const EventId on1 = sim.record_event(1);
+  sim.advance(5);
+  const EventId late3 = sim.record_event(3);  // tick 15: after stream 1's event
+  ASSERT_TRUE(sim.stream_wait_event(1, late3));
+  ASSERT_TRUE(sim.stream_wait_event(2, on1));
+  EXPECT_TRUE(sim.waited_for(2, 1, 10));
+  EXPECT_TRUE(sim.waited_for(2, 3, 5));
+  EXPECT_FALSE(sim.waited_for(2, 3, 15)) << "stream 1 waited for tick 15 only after its event";
+  EXPECT_TRUE(sim.waited_for(1, 3, 15));
+  for (EventId e : {on3, on1, late3}) sim.release_event(e);
+}

@@ -270,7 +270,10 @@ EventId SimBackend::record_event(StreamId stream) {
   std::uint64_t completes = now_ + latency;
   if (const auto w = last_work_.find(stream); w != last_work_.end())
     completes = std::max(w->second + latency, now_ + std::min<std::uint64_t>(latency, 1));
-  Event e{completes, stream, {}, now_};
+  Event e{completes, stream, {}, now_, {}};
+  for (const auto& [key, reach] : waited_) {
+    if (key.first == stream) e.inherited.emplace_back(key.second, reach);
+  }
   if (!held_streams_.empty() && held_streams_.count(stream) != 0) e.held_by.push_back(stream);
   if (const auto f = waits_.find(stream); f != waits_.end()) {
     e.completes = std::max(e.completes, f->second.floor);
@@ -319,6 +322,11 @@ bool SimBackend::stream_wait_event(StreamId stream, EventId event) {
   }
   std::uint64_t& reach = waited_[{stream, e.stream}];
   reach = std::max(reach, e.recorded + 1);
+  for (const auto& [other, r] : e.inherited) {
+    if (other == stream) continue;
+    std::uint64_t& via = waited_[{stream, other}];
+    via = std::max(via, r);
+  }
   return true;
 }
 

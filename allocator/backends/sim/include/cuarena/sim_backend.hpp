@@ -113,7 +113,8 @@ class SimBackend final : public DeviceBackend {
   void queue_work(StreamId stream) { last_work_[stream] = now_; }
   std::uint64_t now() const { return now_; }
   /// True when work submitted to `stream` from now on runs after all work submitted to `other`
-  /// up to tick `tick`: `stream` was made to wait for an event recorded on `other` at or after it.
+  /// up to tick `tick`: `stream` was made to wait for an event recorded on `other` at or after it,
+  /// or on an event of a stream that had been made to wait so (transitively).
   bool waited_for(StreamId stream, StreamId other, std::uint64_t tick) const;
 
   /// Physical memory created and not released, in bytes, and its peak.
@@ -189,6 +190,9 @@ class SimBackend final : public DeviceBackend {
     // its stream was made to wait for (stream_wait_event); cleared when the host waits on it.
     std::vector<StreamId> held_by;
     std::uint64_t recorded = 0;  // the tick it was recorded at
+    // What its stream had been made to wait for when it was recorded: (other stream, reach as
+    // in waited_). A stream waiting on it waits for those too (CUDA's waits are transitive).
+    std::vector<std::pair<StreamId, std::uint64_t>> inherited;
     bool held() const { return !held_by.empty(); }
   };
   std::unordered_map<EventId, Event> events_;
