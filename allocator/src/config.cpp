@@ -181,8 +181,9 @@ const ConfigTable<Config>& Config::table() {
                "reached yet, wait for those frees on the host and try again"),
       bool_key("internal_dependencies", &C::internal_dependencies,
                "before creating memory while other streams hold freed blocks the device has not "
-               "reached yet, make the requesting stream wait for them on the device (no host "
-               "wait) and take them, as cudaMallocAsync's internal dependencies"),
+               "reached yet, take the best fit of those blocks, the requesting stream waiting on "
+               "the device for its owner (no host wait), as cudaMallocAsync's internal "
+               "dependencies"),
       size_key("stream_cache_bytes", &C::stream_cache_bytes, 0, kNoSizeLimit,
                "most bytes each stream's cache may hold: a free that finds the device lock taken "
                "by another thread parks its block there, and that stream's next allocation of "

@@ -96,10 +96,11 @@ struct Config {
   /// waits. Off by default (PyTorch's allocator never waits); the LD_PRELOAD shim turns it on.
   bool wait_before_grow = false;
   /// Before creating memory while other streams hold freed blocks the device has not reached
-  /// yet, make the requesting stream wait on the device for each such stream's work so far (an
-  /// event there, cuStreamWaitEvent) and take those blocks: no host wait, as cudaMallocAsync's
-  /// cudaMemPoolReuseAllowInternalDependencies. The streams are then ordered where they were
-  /// not. Needs a backend that orders streams (the CUDA and simulator ones); else no effect.
+  /// yet, take the smallest such block that holds the request, making the requesting stream
+  /// wait on the device for its owner's work so far (an event there, cuStreamWaitEvent): no
+  /// host wait, as cudaMallocAsync's cudaMemPoolReuseAllowInternalDependencies. The two streams
+  /// are then ordered where they were not. Needs a backend that orders streams (the CUDA and
+  /// simulator ones); else no effect.
   bool internal_dependencies = false;
   /// Most bytes of freed blocks each stream's cache may hold (a block is parked there only when
   /// its free finds the device lock held by another thread; see allocator.hpp). Bounds the extra

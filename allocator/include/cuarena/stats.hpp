@@ -74,7 +74,7 @@ struct Stats {
   std::int64_t cross_stream_reuses = 0;  ///< blocks reused by a stream other than the freeing one
   std::int64_t grow_waits = 0;           ///< host waits for other streams' frees instead of growing
   /// Device waits instead of growing (config internal_dependencies): a stream made to wait
-  /// for another's frees so far, whose freed blocks it took.
+  /// for another's work so far, whose freed block it took.
   std::int64_t grow_stream_waits = 0;
   std::int64_t pending_frees = 0;        ///< current: frees waiting on events (record_stream)
   std::int64_t stream_cache_hits = 0;    ///< allocations served from a stream cache (no lock)

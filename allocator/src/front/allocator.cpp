@@ -129,8 +129,8 @@ class Allocator::Impl final : private detail::PlanServer::Host {
             const detail::CachedOnlyScope mapped_only(ctx_, true, SIZE_MAX);
             rec.block = pool_.try_allocate(rec.size, stream, alignment);
           }
-          if (rec.block == nullptr)
-            stats_.grow_stream_waits += std::int64_t(pool_.adopt_frees(stream));
+          if (rec.block == nullptr && pool_.adopt_free(stream, rec.size, alignment))
+            ++stats_.grow_stream_waits;
         }
         if (rec.block == nullptr && ctx_.config.wait_before_grow && !cached_only &&
             pool_.others_hold_frees(stream)) {

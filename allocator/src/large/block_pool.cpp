@@ -149,27 +149,31 @@ bool BlockPool::others_hold_frees(StreamId stream) const {
   return false;
 }
 
-std::size_t BlockPool::adopt_frees(StreamId stream) {
-  if (!ctx_.backend.supports_stream_waits()) return 0;
+bool BlockPool::adopt_free(StreamId stream, std::size_t size, std::size_t alignment) {
+  if (!ctx_.backend.supports_stream_waits()) return false;
   sharing_.settle();
-  StreamFreeLists& to = index_.stream(stream);
-  std::size_t waited = 0;
+  const std::size_t span = size + (alignment > kMinBlockSize ? alignment - kMinBlockSize : 0);
+  // The best fit over the other streams' owned blocks: taking more would leave their own
+  // streams short, and they would take back in turn.
+  Block* best = nullptr;
+  StreamFreeLists* from = nullptr;
   for (auto& [id, sp] : index_.streams()) {
-    if (id == stream || sp.fifo.empty()) continue;
-    const EventId e = ctx_.backend.record_event(id);
-    ++ctx_.stats.events_recorded;
-    const bool ordered = ctx_.backend.stream_wait_event(stream, e);
-    ctx_.backend.release_event(e);
-    if (!ordered) continue;
-    ++waited;
-    // Oldest first: each becomes `stream`'s newest free, so the FIFO stays sorted.
-    while (!sp.fifo.empty()) {
-      Block* b = sp.fifo.front();
-      index_.remove(b);
-      free_now(b, to);
+    if (id == stream) continue;
+    const auto it = sp.free.lower_bound(span);
+    if (it != sp.free.end() && (best == nullptr || (*it)->size < best->size)) {
+      best = *it;
+      from = &sp;
     }
   }
-  return waited;
+  if (best == nullptr) return false;
+  const EventId e = ctx_.backend.record_event(from->id);
+  ++ctx_.stats.events_recorded;
+  const bool ordered = ctx_.backend.stream_wait_event(stream, e);
+  ctx_.backend.release_event(e);
+  if (!ordered) return false;
+  index_.remove(best);
+  free_now(best, index_.stream(stream));
+  return true;
 }
 
 void BlockPool::deallocate(Block* b) {

@@ -102,12 +102,12 @@ class BlockPool {
   /// Whether a stream other than `stream` holds owned free or retired blocks (memory a sweep
   /// would let anyone reuse). O(streams).
   bool others_hold_frees(StreamId stream) const;
-  /// Makes the owned free blocks of every other stream `stream`'s: for each such stream S, an
-  /// event recorded on S now and `stream` made to wait for it on the device (the host does not
-  /// block), then S's blocks freed again on `stream` (its newest frees, coalesced). Retired
-  /// blocks stay. Returns the streams waited for; 0 where the backend cannot order streams.
-  /// O(blocks taken).
-  std::size_t adopt_frees(StreamId stream);
+  /// Makes the smallest owned free block of another stream that holds `size` bytes at
+  /// `alignment` `stream`'s: an event recorded on its stream S now, `stream` made to wait for
+  /// it on the device (the host does not block), then the block freed again on `stream` (its
+  /// newest free, coalesced). True when a block was taken; false when none fits or the backend
+  /// cannot order streams. O(streams x log blocks).
+  bool adopt_free(StreamId stream, std::size_t size, std::size_t alignment);
 
   /// Records a sweep event on every stream with unswept blocks and none pending. Non-blocking.
   void record_sweeps() { sharing_.record_sweeps(); }
