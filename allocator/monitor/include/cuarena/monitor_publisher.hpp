@@ -91,8 +91,8 @@ class MonitorPublisher {
 bool monitor_enabled();
 
 /// Cached memory a request can be backed by (moved by remapping): owned and shared cached free
-/// blocks, retired memory and idle physical granules. Free slab slots and parked blocks are in use until they
-/// return. Bytes.
+/// blocks, retired memory and idle physical granules. Free slab slots and parked blocks are in use
+/// until they return. Bytes.
 std::int64_t reusable_bytes(const Allocator::MemoryBreakdown& b);
 
 /// What a new allocation could get now (cuarena.memory_available()): the device's free memory
