@@ -200,3 +200,22 @@ TEST(SimBackend, StreamWaitsAreTransitive) {
   EXPECT_TRUE(sim.waited_for(1, 3, 15));
   for (EventId e : {on3, on1, late3}) sim.release_event(e);
 }
+
+// A held stream's release completes its events at once, but not before what the stream had
+// been made to wait for: its work still follows the other stream's.
+TEST(SimBackend, ReleasingAHeldStreamKeepsItsWaits) {
+  SimBackend::Options o;
+  o.event_latency = 50;
+  SimBackend sim(o);
+  sim.hold_stream(2);
+  const EventId on0 = sim.record_event(0);  // completes at tick 50
+  ASSERT_TRUE(sim.stream_wait_event(2, on0));
+  sim.advance(3);
+  const EventId on2 = sim.record_event(2);  // held, and after stream 0's event
+  sim.advance(5);
+  sim.release_stream(2);
+  EXPECT_FALSE(sim.event_completed(on2)) << "complete before the event its stream waited for";
+  sim.advance(50);
+  EXPECT_TRUE(sim.event_completed(on2));
+  for (EventId e : {on0, on2}) sim.release_event(e);
+}

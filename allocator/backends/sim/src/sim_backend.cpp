@@ -270,13 +270,14 @@ EventId SimBackend::record_event(StreamId stream) {
   std::uint64_t completes = now_ + latency;
   if (const auto w = last_work_.find(stream); w != last_work_.end())
     completes = std::max(w->second + latency, now_ + std::min<std::uint64_t>(latency, 1));
-  Event e{completes, stream, {}, now_, {}};
+  Event e{completes, stream, {}, now_, 0, {}};
   for (const auto& [key, reach] : waited_) {
     if (key.first == stream) e.inherited.emplace_back(key.second, reach);
   }
   if (!held_streams_.empty() && held_streams_.count(stream) != 0) e.held_by.push_back(stream);
   if (const auto f = waits_.find(stream); f != waits_.end()) {
     e.completes = std::max(e.completes, f->second.floor);
+    e.floor = f->second.floor;
     std::erase_if(f->second.held, [&](StreamId s) { return held_streams_.count(s) == 0; });
     for (const StreamId s : f->second.held) {
       if (s != stream) e.held_by.push_back(s);
@@ -342,7 +343,7 @@ void SimBackend::release_stream(StreamId stream) {
   for (auto& [id, e] : events_) {
     // The stream's work is done: its events (and those waiting for it alone) complete now.
     if (std::erase(e.held_by, stream) != 0 && !e.held()) {
-      e.completes = std::min(e.completes, now_);
+      e.completes = std::max(std::min(e.completes, now_), e.floor);
       --held_events_;
     }
   }

@@ -100,8 +100,9 @@ class SimBackend final : public DeviceBackend {
   /// moves the clock as for any event. Holding a held stream changes nothing.
   void hold_stream(StreamId stream);
   /// Releases a held stream: the events it held are complete at once (the stream's work is
-  /// done), and its later events complete as any event does (event_latency ticks after they are
-  /// recorded). Releasing a stream not held changes nothing.
+  /// done), but no sooner than what their stream had been made to wait for; its later events
+  /// complete as any event does (event_latency ticks after they are recorded). Releasing a stream
+  /// not held changes nothing.
   void release_stream(StreamId stream);
 
   /// Advances the device clock by `ticks`.
@@ -190,6 +191,9 @@ class SimBackend final : public DeviceBackend {
     // its stream was made to wait for (stream_wait_event); cleared when the host waits on it.
     std::vector<StreamId> held_by;
     std::uint64_t recorded = 0;  // the tick it was recorded at
+    // The completion of what its stream had been made to wait for: a release of its held
+    // streams completes it no sooner.
+    std::uint64_t floor = 0;
     // What its stream had been made to wait for when it was recorded: (other stream, reach as
     // in waited_). A stream waiting on it waits for those too (CUDA's waits are transitive).
     std::vector<std::pair<StreamId, std::uint64_t>> inherited;
