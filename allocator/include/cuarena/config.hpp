@@ -100,7 +100,8 @@ struct Config {
   /// wait on the device for its owner's work so far (an event there, cuStreamWaitEvent): no
   /// host wait, as cudaMallocAsync's cudaMemPoolReuseAllowInternalDependencies. The two streams
   /// are then ordered where they were not. Needs a backend that orders streams (the CUDA and
-  /// simulator ones); else no effect.
+  /// simulator ones); else no effect. Not aware of graph capture yet: a capturing stream made
+  /// to wait on an event recorded outside the capture would break it.
   bool internal_dependencies = false;
   /// Most bytes of freed blocks each stream's cache may hold (a block is parked there only when
   /// its free finds the device lock held by another thread; see allocator.hpp). Bounds the extra
