@@ -20,7 +20,8 @@ should that run not fit (an allocator whose footprint depends on timing), the ba
 tried, alone, until one fits.
 
 Prints a markdown table (model | allocator | largest batch | vs native | tokens/s at it | vs
-native; a batch shown as "N+" is --max-batch, which fit: raise it) and writes DIR/max_batch.json (every trial) and DIR/max_batch.md. Exits 1 if a trial
+native; a batch shown as "N+" is --max-batch, which fit: raise it) and writes
+DIR/max_batch.json (every trial) and DIR/max_batch.md. Exits 1 if a trial
 failed other than by running out of memory. Needs a GPU, torch and transformers.
 """
 

@@ -91,12 +91,18 @@ bool BlockPool::needs_backing(const Block* b) const {
   return b->shared || index_.unified() || b->lazy;
 }
 
+namespace {
+// Any block of size + alignment_pad(alignment) bytes holds an aligned range of `size` (block
+// addresses are multiples of 512).
+std::size_t alignment_pad(std::size_t alignment) {
+  return alignment > kMinBlockSize ? alignment - kMinBlockSize : 0;
+}
+}  // namespace
+
 Block* BlockPool::try_allocate(std::size_t size, StreamId stream, std::size_t alignment) {
   CUARENA_ASSERT(size % kMinBlockSize == 0 && std::has_single_bit(alignment),
                  "try_allocate: size a multiple of 512, alignment a power of two");
-  // Aligned: any block of `span` bytes holds an aligned range of `size` (addresses are
-  // multiples of 512).
-  const std::size_t pad = alignment > kMinBlockSize ? alignment - kMinBlockSize : 0;
+  const std::size_t pad = alignment_pad(alignment);
   if (size > ctx_.limit || pad > ctx_.limit - size)
     return nullptr;  // can never fit: do not even reserve address space
   const std::size_t span = size + pad;
@@ -152,7 +158,7 @@ bool BlockPool::others_hold_frees(StreamId stream) const {
 bool BlockPool::adopt_free(StreamId stream, std::size_t size, std::size_t alignment) {
   if (!ctx_.backend.supports_stream_waits()) return false;
   sharing_.settle();
-  const std::size_t span = size + (alignment > kMinBlockSize ? alignment - kMinBlockSize : 0);
+  const std::size_t span = size + alignment_pad(alignment);
   // The best fit over the other streams' owned blocks: taking more would leave their own
   // streams short, and they would take back in turn.
   Block* best = nullptr;
