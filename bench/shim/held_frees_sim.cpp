@@ -29,7 +29,8 @@ using namespace cuarena;
 constexpr std::size_t kShimDefaultLimit = 1 * GiB;  // ShimConfig::pending_free_bytes
 // ShimConfig::parse's defaults for the core's keys (checked by tests/shim/unit).
 constexpr const char* kShimCoreDefaults =
-    "wait_before_grow:True,whole_chunk_max:32MiB,whole_chunk_min:4MiB,loop_plan:False";
+    "wait_before_grow:True,internal_dependencies:False,whole_chunk_max:32MiB,"
+    "whole_chunk_min:4MiB,loop_plan:False";
 
 struct Result {
   std::int64_t peak_reserved = 0;

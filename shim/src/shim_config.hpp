@@ -30,7 +30,8 @@
 namespace cuarena::shim {
 
 struct ShimConfig {
-  Config core;  ///< the core's keys of CUARENA_CONF (wait_before_grow on unless set False)
+  Config core;  ///< the core's keys of CUARENA_CONF (wait_before_grow on and internal_dependencies
+                ///< off unless set)
   std::size_t memory_limit = 0;  ///< bytes per device; 0: the device's memory
   std::size_t pending_free_bytes = std::size_t{1} << 30;  ///< held frees that force a fence
   std::size_t snug_factor = 4;                            ///< see CUARENA_CONF above; 0: no bound

@@ -79,6 +79,7 @@ class ForwardingBackend : public DeviceBackend {
   void release_event(EventId e) override { sim_.release_event(e); }
   bool supports_stream_waits() const override { return sim_.supports_stream_waits(); }
   bool stream_wait_event(StreamId s, EventId e) override { return sim_.stream_wait_event(s, e); }
+  bool stream_capturing(StreamId s) override { return sim_.stream_capturing(s); }
   bool supports_mapping() const override { return sim_.supports_mapping(); }
   DevicePtr allocate_segment(std::size_t b, StreamId s) override {
     return sim_.allocate_segment(b, s);

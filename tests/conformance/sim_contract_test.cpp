@@ -4,6 +4,7 @@
 // finish_work(), so a reuse that comes before the free completed shows.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,12 @@ struct SimAllocatorHarness : AllocatorHarness {
   void keep_busy(StreamId s) {
     sim.hold_stream(s);
     held.push_back(s);
+    busy_since[s] = sim.now();
+  }
+  // Made to wait for an event of s recorded since it was kept busy (the busy work then).
+  bool ordered_after(StreamId t, StreamId s) const {
+    const auto it = busy_since.find(s);
+    return it != busy_since.end() && sim.waited_for(t, s, it->second);
   }
   void finish_work() {
     for (StreamId s : held) sim.release_stream(s);
@@ -84,6 +91,7 @@ struct SimAllocatorHarness : AllocatorHarness {
   SimBackend sim;
   Allocator alloc;
   std::vector<StreamId> held;
+  std::map<StreamId, std::uint64_t> busy_since;
 };
 
 // PrivatePool over an Allocator on the simulator, as the PyTorch adapter builds it.
@@ -113,6 +121,7 @@ struct PrivatePoolHarness {
   bool owns(const void* p) const { return pool.owns(p); }
   // The pool reuses a block on another stream only once told every stream is past the frees.
   void keep_busy(StreamId) {}
+  bool ordered_after(StreamId, StreamId) const { return false; }  // the pool orders no streams
   void finish_work() { pool.share_free_blocks(); }
   Counts counts() const {
     return {pool.reserved_bytes(), pool.allocated_bytes(), pool.requested_bytes(),

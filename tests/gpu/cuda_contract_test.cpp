@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "allocator_contract.hpp"
 #include "cuarena/cuda_backend.hpp"
@@ -19,6 +21,7 @@ namespace cuarena::conformance {
 namespace {
 
 constexpr std::uint64_t kBusyNs = 200'000'000;
+constexpr int kOrderProbeMs = 20;  // well inside kBusyNs
 
 std::string gpu_skip_reason() {
   int n = 0;
@@ -69,6 +72,24 @@ struct CudaAllocatorHarness : AllocatorHarness {
   }
   StreamId stream(int i) { return streams(i); }
   void keep_busy(StreamId s) { replay::launch_busy(kBusyNs, reinterpret_cast<void*>(s)); }
+  // Seen on the device: while s still runs its busy kernel, an event recorded on t now stays
+  // incomplete for kOrderProbeMs only if t waits for s.
+  bool ordered_after(StreamId t, StreamId s) {
+    cudaEvent_t on_t = nullptr, on_s = nullptr;
+    cudaEventCreateWithFlags(&on_t, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&on_s, cudaEventDisableTiming);
+    cudaEventRecord(on_s, reinterpret_cast<cudaStream_t>(s));
+    cudaEventRecord(on_t, reinterpret_cast<cudaStream_t>(t));
+    std::this_thread::sleep_for(std::chrono::milliseconds(kOrderProbeMs));
+    const bool t_done = cudaEventQuery(on_t) == cudaSuccess;
+    const bool s_done = cudaEventQuery(on_s) == cudaSuccess;
+    (void)cudaGetLastError();  // cudaErrorNotReady is an answer, not the program's error
+    cudaEventSynchronize(on_t);
+    cudaEventDestroy(on_t);
+    cudaEventDestroy(on_s);
+    EXPECT_FALSE(s_done) << "stream 1's busy kernel ended before the probe: raise kBusyNs";
+    return !t_done;
+  }
   void finish_work() {
     for (int i = 0; i < 2; ++i) {
       cudaDeviceSynchronize();

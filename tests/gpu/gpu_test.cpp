@@ -246,6 +246,44 @@ TEST_P(CudaAllocator, OutOfMemoryIsCleanAndNothingLeaks) {
   EXPECT_LE(device_used(), before + (std::size_t(64) << 20)) << "memory leaked to the device";
 }
 
+// Internal dependencies (the default) never touch a stream under graph capture: another
+// stream's request for the captured stream's free grows instead, and the capture stays valid;
+// once it has ended, the free is taken with a device wait. (Relaxed capture mode, so that the
+// growth's driver calls are allowed, as PyTorch's adapter sets around its own.)
+TEST_P(CudaAllocator, InternalDependenciesLeaveAStreamUnderCaptureAlone) {
+  REQUIRE_GPU();
+  auto backend = make_cuda_backend(GetParam(), 0);
+  Allocator a(*backend, config());
+  cudaStream_t s, t, u;
+  for (cudaStream_t* x : {&s, &t, &u}) ok(cudaStreamCreateWithFlags(x, cudaStreamNonBlocking));
+  const auto id = [](cudaStream_t x) { return reinterpret_cast<StreamId>(x); };
+  void* scratch = a.allocate(1 << 20, id(s));
+  void* p = a.allocate(64 << 20, id(s));
+  launch_busy(300'000'000, s);  // 300 ms: the free below stays unreached
+  a.deallocate(p);
+  ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  ok(cudaMemsetAsync(scratch, 0, 1 << 20, s));
+  void* q = a.allocate(64 << 20, id(t));
+  cudaGraph_t graph = nullptr;
+  ok(cudaStreamEndCapture(s, &graph));
+  ASSERT_NE(graph, nullptr);
+  EXPECT_NE(q, p) << "took a captured stream's free";
+  EXPECT_EQ(a.stats().grow_stream_waits, 0);
+  cudaGraphExec_t exec = nullptr;
+  ok(cudaGraphInstantiate(&exec, graph, 0));
+  void* r = a.allocate(64 << 20, id(u));  // the capture is over: ordered after s instead
+  EXPECT_EQ(r, p);
+  EXPECT_EQ(a.stats().grow_stream_waits, 1);
+  ok(cudaGraphLaunch(exec, s));
+  ok(cudaDeviceSynchronize());
+  ok(cudaGraphExecDestroy(exec));
+  ok(cudaGraphDestroy(graph));
+  for (void* x : {scratch, q, r}) a.deallocate(x);
+  a.check_invariants();
+  ok(cudaDeviceSynchronize());
+  for (cudaStream_t x : {s, t, u}) ok(cudaStreamDestroy(x));
+}
+
 // Threads on their own streams allocate, tag blocks with a kernel, hand some blocks to other
 // streams via record_stream, and check tags before freeing: premature reuse shows as a bad tag.
 TEST_P(CudaAllocator, MultiThreadMultiStreamStress) {

@@ -10,7 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
-SHIM_DEFAULTS = "wait_before_grow:True,whole_chunk_max:32MiB,whole_chunk_min:4MiB,loop_plan:False"
+SHIM_DEFAULTS = ("wait_before_grow:True,internal_dependencies:False,whole_chunk_max:32MiB,"
+                 "whole_chunk_min:4MiB,loop_plan:False")
 TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "shim" / "churn.cuat.gz"
 
 

@@ -98,11 +98,12 @@ struct Config {
   /// Before creating memory while other streams hold freed blocks the device has not reached
   /// yet, take the smallest such block that holds the request, making the requesting stream
   /// wait on the device for its owner's work so far (an event there, cuStreamWaitEvent): no
-  /// host wait, as cudaMallocAsync's cudaMemPoolReuseAllowInternalDependencies. The two streams
-  /// are then ordered where they were not. Needs a backend that orders streams (the CUDA and
-  /// simulator ones); else no effect. Not aware of graph capture yet: a capturing stream made
-  /// to wait on an event recorded outside the capture would break it.
-  bool internal_dependencies = false;
+  /// host wait, as cudaMallocAsync's cudaMemPoolReuseAllowInternalDependencies (on by default
+  /// there too). The two streams are then ordered where they were not; only where the request
+  /// would otherwise have grown the device's memory. Needs a backend that orders streams (the
+  /// CUDA and simulator ones); else no effect. A stream under graph capture is never made to
+  /// wait nor has an event recorded on it: its requests, and others' for its frees, grow instead.
+  bool internal_dependencies = true;
   /// Most bytes of freed blocks each stream's cache may hold (a block is parked there only when
   /// its free finds the device lock held by another thread; see allocator.hpp). Bounds the extra
   /// memory threads contending can hold, and how far a peak statistic may under-read. 0: no

@@ -113,6 +113,15 @@ class DeviceBackend {
     return false;
   }
 
+  /// True while `stream` is being captured into a CUDA graph (cuStreamIsCapturing). The core
+  /// then records no event on it and makes it wait for none of its own accord: captured work runs
+  /// only at replay, and an event recorded outside a capture cannot order work inside it.
+  /// Non-blocking. Throws BackendError on failure. The default: false.
+  virtual bool stream_capturing(StreamId stream) {
+    (void)stream;
+    return false;
+  }
+
   // --- Segment upstreams (supports_mapping() == false) ---------------------------------------
 
   /// True for a mapping (VMM) backend: the calls above are used. False for a segment backend:

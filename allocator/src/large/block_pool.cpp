@@ -157,29 +157,36 @@ bool BlockPool::others_hold_frees(StreamId stream) const {
 
 bool BlockPool::adopt_free(StreamId stream, std::size_t size, std::size_t alignment) {
   if (!ctx_.backend.supports_stream_waits()) return false;
+  // A captured stream's work runs at replay: no event of now can order it (nor one recorded
+  // into the capture order work outside it).
+  if (ctx_.backend.stream_capturing(stream)) return false;
   sharing_.settle();
   const std::size_t span = size + alignment_pad(alignment);
   // The best fit over the other streams' owned blocks: taking more would leave their own
-  // streams short, and they would take back in turn.
-  Block* best = nullptr;
-  StreamFreeLists* from = nullptr;
+  // streams short, and they would take back in turn. Candidates smallest first, so a stream
+  // being captured (asked only when its block would be taken) is passed over.
+  adopt_candidates_.clear();
   for (auto& [id, sp] : index_.streams()) {
     if (id == stream) continue;
     const auto it = sp.free.lower_bound(span);
-    if (it != sp.free.end() && (best == nullptr || (*it)->size < best->size)) {
-      best = *it;
-      from = &sp;
-    }
+    if (it != sp.free.end()) adopt_candidates_.emplace_back(*it, &sp);
   }
-  if (best == nullptr) return false;
-  const EventId e = ctx_.backend.record_event(from->id);
-  ++ctx_.stats.events_recorded;
-  const bool ordered = ctx_.backend.stream_wait_event(stream, e);
-  ctx_.backend.release_event(e);
-  if (!ordered) return false;
-  index_.remove(best);
-  free_now(best, index_.stream(stream));
-  return true;
+  std::sort(adopt_candidates_.begin(), adopt_candidates_.end(),
+            [](const auto& a, const auto& b) { return a.first->size < b.first->size; });
+  for (const auto& [block, from] : adopt_candidates_) {
+    if (ctx_.backend.stream_capturing(from->id)) continue;
+    const EventId e = ctx_.backend.record_event(from->id);
+    ++ctx_.stats.events_recorded;
+    const bool ordered = ctx_.backend.stream_wait_event(stream, e);
+    ctx_.backend.release_event(e);
+    if (!ordered) return false;
+    StreamFreeLists& sp = index_.stream(stream);
+    index_.remove(block);
+    free_now(block, sp);
+    sharing_.after_free(sp);  // as any free: its stream's sweep stays in step
+    return true;
+  }
+  return false;
 }
 
 void BlockPool::deallocate(Block* b) {

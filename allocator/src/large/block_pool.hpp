@@ -105,8 +105,9 @@ class BlockPool {
   /// Makes the smallest owned free block of another stream that holds `size` bytes at
   /// `alignment` `stream`'s: an event recorded on its stream S now, `stream` made to wait for
   /// it on the device (the host does not block), then the block freed again on `stream` (its
-  /// newest free, coalesced). True when a block was taken; false when none fits or the backend
-  /// cannot order streams. O(streams x log blocks).
+  /// newest free, coalesced). Neither `stream` nor S may be under graph capture
+  /// (DeviceBackend::stream_capturing): such a stream is passed over. True when a block was
+  /// taken; false when none fits or the backend cannot order streams. O(streams x log blocks).
   bool adopt_free(StreamId stream, std::size_t size, std::size_t alignment);
 
   /// Records a sweep event on every stream with unswept blocks and none pending. Non-blocking.
@@ -277,6 +278,7 @@ class BlockPool {
   std::unique_ptr<BlockPlacement> unified_placement_, own_first_placement_;
   bool turned_ = false;  // memory-first by turn_memory_first(), not by the config
   LazyReclaimer* reclaimer_ = nullptr;
+  std::vector<std::pair<Block*, StreamFreeLists*>> adopt_candidates_;  // adopt_free's scratch
 };
 
 }  // namespace cuarena::detail

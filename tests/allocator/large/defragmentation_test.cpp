@@ -114,9 +114,10 @@ TEST(Defrag, ReleaseCachedReturnsEverythingFree) {
 
 TEST(Defrag, OutOfMemoryWaitsForEventsBeforeGivingUp) {
   // Capacity for one 64 MiB block; stream 2 wants it right after stream 1 frees it, while the
-  // device lags: the allocator must wait for stream 1, not fail.
+  // device lags: the allocator must wait for stream 1, not fail (here on the host: no device
+  // waits between streams).
   SimBackend sim(sim_options(64 * MiB, 1000000));
-  Allocator a(sim, Config::parse("small_limit:512"));
+  Allocator a(sim, Config::parse("small_limit:512,internal_dependencies:False"));
   void* p = a.allocate(64 * MiB, 1);
   a.deallocate(p);
   void* q = nullptr;
@@ -125,6 +126,27 @@ TEST(Defrag, OutOfMemoryWaitsForEventsBeforeGivingUp) {
   EXPECT_EQ(s.num_alloc_retries, 1);
   EXPECT_EQ(s.num_sync_all_streams, 1);
   EXPECT_EQ(s.num_ooms, 0);
+  a.deallocate(q);
+  a.check_invariants();
+}
+
+// The same with device waits (the default): stream 2 takes the block ordered after stream 1 on
+// the device; the host waits for nothing and nothing is retried.
+TEST(Defrag, OutOfMemoryIsAvoidedByADeviceWaitWithoutAHostOne) {
+  SimBackend sim(sim_options(64 * MiB, 1000000));
+  Allocator a(sim, Config::parse("small_limit:512"));
+  void* p = a.allocate(64 * MiB, 1);
+  const std::uint64_t freed_at = sim.now();
+  a.deallocate(p);
+  void* q = nullptr;
+  ASSERT_NO_THROW(q = a.allocate(64 * MiB, 2));
+  EXPECT_EQ(q, p);
+  EXPECT_TRUE(sim.waited_for(2, 1, freed_at));
+  EXPECT_LT(sim.now(), 1000000u) << "the host waited for the device";
+  const Stats s = a.stats();
+  EXPECT_EQ(s.grow_stream_waits, 1);
+  EXPECT_EQ(s.num_alloc_retries, 0);
+  EXPECT_EQ(s.num_sync_all_streams, 0);
   a.deallocate(q);
   a.check_invariants();
 }

@@ -153,10 +153,17 @@ TEST_F(TwoFreedGranules, AliasesNeverReachAnotherStreamEarly) {
   for (void* p : {pin, b, c}) a.deallocate(p);
 }
 
+// Without device waits between streams (internal_dependencies off), so that stream 2 can only
+// grow or wait.
+struct TwoFreedGranulesNoDeviceWaits : TwoFreedGranules {
+  TwoFreedGranulesNoDeviceWaits()
+      : TwoFreedGranules("small_limit:512,internal_dependencies:False") {}
+};
+
 // b's granule that sticks out of it takes an alias too (no growth), and the free rest of that
 // granule becomes stream 1's, freed now: stream 1 may use it at once, stream 2 only after
 // stream 1's event.
-TEST_F(TwoFreedGranules, AnEdgeGranuleTakesAnAliasAndItsRestStaysWithTheStream) {
+TEST_F(TwoFreedGranulesNoDeviceWaits, AnEdgeGranuleTakesAnAliasAndItsRestStaysWithTheStream) {
   const std::size_t before = sim.physical_bytes();
   void* b = a.allocate(3 * MiB, 1);  // two granules, one sticking out: both aliased
   EXPECT_EQ(sim.physical_bytes(), before) << "the edge granule was created, not aliased";
@@ -173,6 +180,23 @@ TEST_F(TwoFreedGranules, AnEdgeGranuleTakesAnAliasAndItsRestStaysWithTheStream) 
   for (void* p : {pin, b, c, d}) a.deallocate(p);
   sim.advance(kSlow);
   a.check_invariants();
+}
+
+// With device waits (the default), stream 2 takes that rest rather than grow, and only ordered
+// after stream 1's work up to now.
+TEST_F(TwoFreedGranules, AnotherStreamTakesTheEdgeGranulesRestOnlyOrderedAfterTheOwner) {
+  const std::uint64_t freed_at = sim.now();
+  void* b = a.allocate(3 * MiB, 1);
+  const std::size_t before = sim.physical_bytes();
+  EXPECT_FALSE(sim.waited_for(2, 1, freed_at));
+  void* c = a.allocate(1 * MiB, 2);
+  EXPECT_EQ(sim.physical_bytes(), before) << "stream 2 grew instead of taking stream 1's rest";
+  EXPECT_TRUE(share(tracking.physical(c, 1 * MiB), freed));
+  EXPECT_TRUE(sim.waited_for(2, 1, freed_at))
+      << "stream 2 got memory stream 1 freed without being ordered after stream 1";
+  EXPECT_EQ(a.stats().grow_stream_waits, 1);
+  a.check_invariants();
+  for (void* p : {pin, b, c}) a.deallocate(p);
 }
 
 TEST(StreamOrder, WithoutAliasingTheStreamWaitsForItsEvent) {
@@ -222,6 +246,57 @@ TEST(StreamOrder, InternalDependenciesTakeAnotherStreamsFreeWithADeviceWait) {
   void* r = a.allocate(60 * MiB, 2);
   EXPECT_EQ(a.stats().grow_stream_waits, 1);
   a.deallocate(r);
+  a.check_invariants();
+}
+
+// A stream under graph capture is neither made to wait nor has an event recorded on it (the
+// simulator throws on either): a request there, or one that would take a captured stream's free,
+// grows instead; once the capture ends the free is taken with a wait as above.
+TEST(StreamOrder, InternalDependenciesPassOverStreamsUnderCapture) {
+  SimBackend sim(sim_options(1 * GiB, kSlow));
+  Allocator a(sim, Config::parse("small_limit:512,sweep_interval:1,internal_dependencies:True"));
+  void* p = a.allocate(64 * MiB, 1);
+  const std::uint64_t freed_at = sim.now();
+  a.deallocate(p);
+  sim.begin_capture(1);  // the owner captured
+  void* q = a.allocate(60 * MiB, 2);
+  EXPECT_NE(q, p);
+  EXPECT_GE(sim.physical_bytes(), 124 * MiB) << "took the captured stream's free";
+  EXPECT_EQ(a.stats().grow_stream_waits, 0);
+  sim.end_capture(1);
+  sim.begin_capture(3);  // the requester captured
+  void* r = a.allocate(60 * MiB, 3);
+  EXPECT_NE(r, p);
+  EXPECT_EQ(a.stats().grow_stream_waits, 0);
+  sim.end_capture(3);
+  EXPECT_FALSE(sim.waited_for(4, 1, freed_at));
+  void* t = a.allocate(60 * MiB, 4);
+  EXPECT_EQ(t, p) << "the free stayed stream 1's after the capture";
+  EXPECT_TRUE(sim.waited_for(4, 1, freed_at));
+  EXPECT_EQ(a.stats().grow_stream_waits, 1);
+  for (void* x : {q, r, t}) a.deallocate(x);
+  a.check_invariants();
+}
+
+// A sweep over every stream (process_events(), a defragmentation, a synchronisation) passes over
+// a stream under graph capture and covers its frees once the capture has ended.
+TEST(StreamOrder, SweepsWaitForACaptureToEnd) {
+  SimBackend sim(sim_options(1 * GiB, 1));
+  Allocator a(sim, Config::parse("small_limit:512,sweep_interval:1000"));
+  void* p = a.allocate(64 * MiB, 1);
+  a.deallocate(p);  // no sweep yet (sweep_interval)
+  sim.begin_capture(1);
+  ASSERT_NO_THROW(a.process_events());
+  sim.advance(2);
+  ASSERT_NO_THROW(a.process_events());
+  void* q = a.allocate(60 * MiB, 2);
+  EXPECT_NE(q, p) << "shared without a sweep";
+  sim.end_capture(1);
+  a.process_events();  // records the sweep now
+  sim.advance(2);
+  a.process_events();  // and shares what it covers
+  EXPECT_EQ(a.memory_breakdown().owned_cached, 0u);
+  for (void* x : {q}) a.deallocate(x);
   a.check_invariants();
 }
 

@@ -21,12 +21,14 @@ TEST(ShimConfig, DefaultsWhenEmpty) {
   cuarena::Config core;
   // The shim's own defaults (tests/shim/churn_target_test.py replays with them).
   core.wait_before_grow = true;
+  core.internal_dependencies = false;
   core.whole_chunk_max = std::size_t{32} << 20;
   core.whole_chunk_min = std::size_t{4} << 20;
   core.loop_plan = false;
   EXPECT_EQ(c.core, core);
   EXPECT_TRUE(ShimConfig::parse("loop_plan:True").core.loop_plan);
   EXPECT_FALSE(ShimConfig::parse("wait_before_grow:False").core.wait_before_grow);
+  EXPECT_TRUE(ShimConfig::parse("internal_dependencies:True").core.internal_dependencies);
   EXPECT_EQ(ShimConfig::parse("whole_chunk_max:128MiB").core.whole_chunk_max,
             std::size_t{128} << 20);
 }

@@ -60,6 +60,9 @@ bool CudaSegmentBackend::stream_wait_event(StreamId stream, EventId event) {
   impl_->events.stream_wait(stream, event);
   return true;
 }
+bool CudaSegmentBackend::stream_capturing(StreamId stream) {
+  return impl_->events.capturing(stream);
+}
 
 DevicePtr CudaSegmentBackend::reserve_address(std::size_t) { no_mapping("reserve_address"); }
 void CudaSegmentBackend::release_address(DevicePtr, std::size_t) { no_mapping("release_address"); }

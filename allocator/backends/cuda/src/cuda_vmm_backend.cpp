@@ -301,5 +301,6 @@ bool CudaVmmBackend::stream_wait_event(StreamId stream, EventId event) {
   impl_->events.stream_wait(stream, event);
   return true;
 }
+bool CudaVmmBackend::stream_capturing(StreamId stream) { return impl_->events.capturing(stream); }
 
 }  // namespace cuarena

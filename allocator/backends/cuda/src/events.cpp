@@ -55,6 +55,17 @@ void EventPool::stream_wait(StreamId stream, EventId event) {
         "cuStreamWaitEvent");
 }
 
+bool EventPool::capturing(StreamId stream) {
+  DeviceGuard guard(device_, context_);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r =
+      DriverApi::get().stream_is_capturing(reinterpret_cast<CUstream>(stream), &status);
+  // The legacy stream while a blocking stream captures: using it would join that capture.
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) return true;
+  check(r, "cuStreamIsCapturing");
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 void EventPool::wait(EventId event) {
   check(DriverApi::get().event_synchronize(events_.at(event - 1)), "cuEventSynchronize");
 }

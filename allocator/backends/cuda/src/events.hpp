@@ -28,6 +28,8 @@ class EventPool {
   void wait(EventId event);
   /// Makes `stream`'s later work wait for `event` on the device. Throws BackendError on failure.
   void stream_wait(StreamId stream, EventId event);
+  /// True while `stream` is being captured. Throws BackendError on failure.
+  bool capturing(StreamId stream);
   void release(EventId event) { free_.push_back(event); }
 
  private:

@@ -265,6 +265,8 @@ bool SimBackend::is_mapped(DevicePtr addr, std::size_t bytes) const {
 }
 
 EventId SimBackend::record_event(StreamId stream) {
+  if (!captured_.empty() && captured_.count(stream) != 0)
+    misuse("an event recorded on stream " + std::to_string(stream) + " while it is captured");
   const EventId id = next_event_++;
   const std::uint64_t latency = options_.event_latency;
   std::uint64_t completes = now_ + latency;
@@ -314,6 +316,8 @@ void SimBackend::release_event(EventId event) {
 bool SimBackend::stream_wait_event(StreamId stream, EventId event) {
   auto it = events_.find(event);
   if (it == events_.end()) misuse("stream wait on an unknown event");
+  if (!captured_.empty() && captured_.count(stream) != 0)
+    misuse("stream " + std::to_string(stream) + " made to wait while it is captured");
   const Event& e = it->second;
   if (e.stream == stream) return true;  // stream order already
   Waits& w = waits_[stream];

@@ -39,6 +39,7 @@ class CudaSegmentBackend : public CudaBackend {
   void release_event(EventId event) override;
   bool supports_stream_waits() const override { return true; }
   bool stream_wait_event(StreamId stream, EventId event) override;
+  bool stream_capturing(StreamId stream) override;
 
   // A segment backend has no address space or physical handles: these throw std::logic_error.
   DevicePtr reserve_address(std::size_t bytes) override;

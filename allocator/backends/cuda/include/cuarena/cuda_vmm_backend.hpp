@@ -52,6 +52,7 @@ class CudaVmmBackend final : public CudaBackend {
   void release_event(EventId event) override;
   bool supports_stream_waits() const override { return true; }
   bool stream_wait_event(StreamId stream, EventId event) override;
+  bool stream_capturing(StreamId stream) override;
 
   int device() const override;
   /// Driver calls made so far (cuMemCreate/Release/Map/Unmap/SetAccess), for cost accounting.

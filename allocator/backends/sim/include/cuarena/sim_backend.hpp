@@ -21,6 +21,9 @@
 // supports_mapping() is false, memory comes only from allocate_segment(), and the mapping calls
 // are misuse.
 //
+// A stream can be marked captured (begin_capture): stream_capturing() then answers true, and
+// recording an event on it or making it wait for one is misuse (the core must do neither).
+//
 // It also checks its caller: mapping over a mapped granule, unmapping an unmapped one, releasing
 // a chunk still mapped, mapping or unmapping part of a whole chunk, granting access to a range
 // not wholly mapped or cutting through a mapping, or using an unknown event throws
@@ -88,6 +91,7 @@ class SimBackend final : public DeviceBackend {
   /// Always true: an event of a held stream keeps the waiting stream's later events incomplete
   /// until that stream's release too.
   bool stream_wait_event(StreamId stream, EventId event) override;
+  bool stream_capturing(StreamId stream) override { return captured_.count(stream) != 0; }
   bool supports_mapping() const override { return !options_.segments; }
   DevicePtr allocate_segment(std::size_t bytes, StreamId stream) override;
   void free_segment(DevicePtr ptr, std::size_t bytes) override;
@@ -104,6 +108,11 @@ class SimBackend final : public DeviceBackend {
   /// complete as any event does (event_latency ticks after they are recorded). Releasing a stream
   /// not held changes nothing.
   void release_stream(StreamId stream);
+
+  /// Marks `stream` as captured into a graph until end_capture(stream): from then on an event
+  /// recorded on it, or a wait made on it, throws std::logic_error.
+  void begin_capture(StreamId stream) { captured_.insert(stream); }
+  void end_capture(StreamId stream) { captured_.erase(stream); }
 
   /// Advances the device clock by `ticks`.
   void advance(std::uint64_t ticks = 1) { now_ += ticks; }
@@ -201,6 +210,7 @@ class SimBackend final : public DeviceBackend {
   };
   std::unordered_map<EventId, Event> events_;
   std::unordered_set<StreamId> held_streams_;
+  std::unordered_set<StreamId> captured_;                  // begin_capture() without end_capture()
   std::unordered_map<StreamId, std::uint64_t> last_work_;  // tick of each stream's latest work
   std::size_t held_events_ = 0;  // events held (release_stream scans only when some are)
   // stream_wait_event(): per stream, what its later events wait for; per (stream, other
