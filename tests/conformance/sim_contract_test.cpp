@@ -104,7 +104,7 @@ struct PrivatePoolHarness {
         main(sim),
         pool({[this](std::size_t bytes) -> DevicePtr {
                 try {
-                  void* p = main.allocate(bytes, 0);
+                  void* p = main.allocate_isolated(bytes, 0);
                   segment_bytes += bytes;
                   return reinterpret_cast<DevicePtr>(p);
                 } catch (const OutOfMemoryError&) {

@@ -71,6 +71,14 @@ class Allocator {
   /// power of two, and OutOfMemoryError as allocate().
   void* allocate_aligned(std::size_t bytes, std::size_t alignment, StreamId stream);
 
+  /// As allocate(), but the block carries no other stream's unfinished work: never another
+  /// stream's free that the device has not reached, taken with a device wait (config
+  /// internal_dependencies), nor a loop plan's block (whose stream waits for other streams'
+  /// frees). Only `stream`'s own frees are reused before the device reaches them. For a caller
+  /// that hands the block on to streams this allocator never sees (PyTorch's private pools,
+  /// whose segments come from here on a stream of the adapter's own). Throws as allocate().
+  void* allocate_isolated(std::size_t bytes, StreamId stream);
+
   /// As allocate(), but only a block already mapped: one the cache holds (a free block with every
   /// granule mapped, or a free slab slot), with no driver call. Returns nullptr where allocate()
   /// would map, create or reserve anything, and then nothing has changed: the same call to

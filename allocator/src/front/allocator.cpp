@@ -78,9 +78,11 @@ class Allocator::Impl final : private detail::PlanServer::Host {
 
   /// `cached_only`: nullptr where a block would have to be mapped, or one larger than
   /// `max_block` split (allocate_cached()). `alignment` above kMinBlockSize: the large pool only
-  /// (allocate_aligned()).
+  /// (allocate_aligned()). `isolated`: no device wait orders `stream` after another's free for
+  /// it (allocate_isolated()).
   void* allocate(std::size_t bytes, StreamId stream, bool cached_only,
-                 std::size_t max_block = SIZE_MAX, std::size_t alignment = kMinBlockSize) {
+                 std::size_t max_block = SIZE_MAX, std::size_t alignment = kMinBlockSize,
+                 bool isolated = false) {
     if (bytes == 0) return nullptr;
     const bool aligned = alignment > kMinBlockSize;
     const bool small = bytes <= config_.small_limit && !aligned;
@@ -112,7 +114,7 @@ class Allocator::Impl final : private detail::PlanServer::Host {
       const detail::CachedOnlyScope scope(ctx_, cached_only, max_block);
       if (!pending_.empty()) process_pending(false);
       // (A loop plan backs its range as it serves: not from the cache.)
-      if (rec.size != 0 && !cached_only && !aligned) ptr = plans_.serve(rec, stream);
+      if (rec.size != 0 && !cached_only && !aligned && !isolated) ptr = plans_.serve(rec, stream);
       if (ptr != 0) {
         // served by the loop plan
       } else if (small) {
@@ -122,7 +124,8 @@ class Allocator::Impl final : private detail::PlanServer::Host {
           ptr = slabs_.allocate(cls, stream, rec.slab);
         }
       } else if (rec.size != 0) {
-        if (ctx_.config.internal_dependencies && !cached_only && pool_.others_hold_frees(stream)) {
+        if (ctx_.config.internal_dependencies && !cached_only && !isolated &&
+            pool_.others_hold_frees(stream)) {
           // First from mapped memory; if that needs more, the other streams' frees, ordered
           // on the device.
           {
@@ -528,6 +531,10 @@ void check_alignment(std::size_t bytes, std::size_t alignment) {
 void* Allocator::allocate_aligned(std::size_t bytes, std::size_t alignment, StreamId stream) {
   check_alignment(bytes, alignment);
   return impl_->allocate(bytes, stream, /*cached_only=*/false, SIZE_MAX, alignment);
+}
+void* Allocator::allocate_isolated(std::size_t bytes, StreamId stream) {
+  return impl_->allocate(bytes, stream, /*cached_only=*/false, SIZE_MAX, kMinBlockSize,
+                         /*isolated=*/true);
 }
 void* Allocator::allocate_cached(std::size_t bytes, StreamId stream, std::size_t max_block,
                                  std::size_t alignment) {

@@ -97,7 +97,8 @@ TorchAllocator::Device& TorchAllocator::device(c10::DeviceIndex index) {
   owned->pools = std::make_unique<PrivatePools>(PrivatePool::Upstream{
       [main, seg_stream](std::size_t bytes) -> DevicePtr {
         try {
-          return reinterpret_cast<DevicePtr>(main->allocate(bytes, seg_stream));
+          // Isolated: the pool hands its blocks to streams the main allocator never sees.
+          return reinterpret_cast<DevicePtr>(main->allocate_isolated(bytes, seg_stream));
         } catch (const OutOfMemoryError&) {
           return 0;
         }

@@ -278,6 +278,25 @@ TEST(StreamOrder, InternalDependenciesPassOverStreamsUnderCapture) {
   a.check_invariants();
 }
 
+// allocate_isolated() (a private pool's segment, handed on to streams the allocator never sees)
+// never takes another stream's unreached free: no device wait could order those streams.
+TEST(StreamOrder, AnIsolatedRequestGrowsRatherThanWaitOnTheDevice) {
+  SimBackend sim(sim_options(1 * GiB, kSlow));
+  Allocator a(sim, Config::parse("small_limit:512,sweep_interval:1"));
+  void* p = a.allocate(64 * MiB, 1);
+  const std::uint64_t freed_at = sim.now();
+  a.deallocate(p);
+  void* q = a.allocate_isolated(60 * MiB, 2);
+  EXPECT_NE(q, p);
+  EXPECT_FALSE(sim.waited_for(2, 1, freed_at));
+  EXPECT_EQ(a.stats().grow_stream_waits, 0);
+  a.deallocate(q);
+  void* r = a.allocate_isolated(60 * MiB, 2);  // its own stream's free: at once
+  EXPECT_EQ(r, q);
+  a.deallocate(r);
+  a.check_invariants();
+}
+
 // A sweep over every stream (process_events(), a defragmentation, a synchronisation) passes over
 // a stream under graph capture and covers its frees once the capture has ended.
 TEST(StreamOrder, SweepsWaitForACaptureToEnd) {
