@@ -26,6 +26,7 @@ namespace {
 struct Live {
   std::size_t requested;
   StreamId stream;
+  bool used_elsewhere = false;  // record_stream for another stream long before the free
 };
 
 struct Scenario {
@@ -263,8 +264,12 @@ void check_against_model(const Allocator& a, const SimBackend& sim,
 // operations (1: after each) and at the end. Allocations 55% while fewer than `max_live` blocks
 // are live (else 40%), frees the rest (a fifth of them after record_stream on another stream),
 // process_events now and then, release_cached every 997.
+// `capture`: now and then one stream is captured into a graph (SimBackend::begin_capture) for a
+// while, and treated as PyTorch's adapter treats it: no allocation on it (a private pool serves
+// those), no free of its blocks (deferred past the capture), no record_stream for it; any event
+// the allocator records there, or wait it makes there, throws.
 void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, unsigned streams,
-                  std::size_t max_live = SIZE_MAX) {
+                  std::size_t max_live = SIZE_MAX, bool capture = false) {
   std::mt19937_64 rng(seed);
   const Config config = Config::parse(sc.config);
   SimBackend::Options so = sim_options(sc.capacity, sc.latency);
@@ -277,10 +282,23 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
   std::vector<DevicePtr> order;
   std::size_t ooms = 0, cross_frees = 0, aligned = 0;
   bool turned = false;  // the pool placed memory-first at some point
+  constexpr StreamId kNone = ~StreamId{0};
+  StreamId captured = kNone;
+  int capture_ends = 0, captures = 0;
   for (int op = 0; op < ops; ++op) {
     sim.advance(1);
+    if (capture && captured == kNone && rng() % 150 == 0) {
+      captured = rng() % streams;
+      capture_ends = op + 20 + int(rng() % 300);
+      sim.begin_capture(captured);
+      ++captures;
+    } else if (captured != kNone && op >= capture_ends) {
+      sim.end_capture(captured);
+      captured = kNone;
+    }
     const int dice = int(rng() % 100);
     const StreamId stream = rng() % streams;
+    if (stream == captured) continue;
     if (dice < (model.size() < max_live ? 55 : 40) || model.empty()) {
       const std::size_t bytes = random_size(rng);
       // One in ten at an alignment of 1 KiB to 2 MiB (allocate_aligned: a VMM range's).
@@ -292,7 +310,12 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
           ASSERT_EQ(addr(p) % alignment, 0u) << bytes << " B aligned to " << alignment;
           ++aligned;
         }
-        ASSERT_TRUE(model.emplace(addr(p), Live{bytes, stream}).second)
+        // Under capture, one in ten is used on another stream from the start, so that its free
+        // may come while that stream is captured.
+        const StreamId user = (stream + 1) % streams;
+        const bool early_use = capture && dice % 10 == 7 && user != captured;
+        if (early_use) a.record_stream(p, user);
+        ASSERT_TRUE(model.emplace(addr(p), Live{bytes, stream, early_use}).second)
             << "pointer handed out twice";
         order.push_back(addr(p));
         const auto info = a.find(p);
@@ -309,9 +332,15 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
       order[i] = order.back();
       order.pop_back();
       const Live live = model.at(p);
+      if (live.stream == captured) {  // deferred past the capture
+        order.push_back(p);
+        std::swap(order[i], order.back());
+        continue;
+      }
       const StreamId other = (stream + 1) % streams;
-      const bool uses = dice < 65 && other != live.stream;
-      if (dice < 65) a.record_stream(reinterpret_cast<void*>(p), other);
+      const bool uses =
+          (dice < 65 && other != live.stream && other != captured) || live.used_elsewhere;
+      if (dice < 65 && other != captured) a.record_stream(reinterpret_cast<void*>(p), other);
       cross_frees += uses;
       const std::size_t size = a.find(reinterpret_cast<void*>(p))->size;
       guard.freed(p, size, live.stream, uses);
@@ -331,6 +360,8 @@ void run_scenario(const Scenario& sc, unsigned seed, int ops, int check_every, u
       }
     }
   }
+  if (captured != kNone) sim.end_capture(captured);
+  if (capture) EXPECT_GT(captures, 0) << "no stream was captured";
   for (DevicePtr p : order) {
     unmaps.freed(p);
     a.deallocate(reinterpret_cast<void*>(p));
@@ -368,6 +399,14 @@ TEST_P(Randomized, InvariantsHoldAfterEveryOperation) {
   const bool tight = sc.capacity <= kTightCapacity;
   run_scenario(sc, seed, tight ? sc.ops : sc.ops / kShortSanitizerScale, /*check_every=*/1,
                /*streams=*/4);
+}
+
+// The same with a stream under graph capture now and then: nothing the allocator does on its own
+// (sweeps, device waits, plans' fences, pending frees) touches it.
+TEST_P(Randomized, NothingTouchesAStreamUnderCapture) {
+  const auto& [sc, seed] = GetParam();
+  run_scenario(sc, seed, sc.ops / kShortSanitizerScale, /*check_every=*/10, /*streams=*/4, SIZE_MAX,
+               /*capture=*/true);
 }
 
 const Scenario kScenarios[] = {

@@ -68,7 +68,7 @@ class Allocator::Impl final : private detail::PlanServer::Host {
         slabs_(ctx_, pool_, classes_),
         returns_(caches_, stats_, slabs_, pool_),
         plans_(ctx_, pool_, *this),
-        pending_(backend) {
+        pending_(backend, stats_.events_recorded) {
     if (config_.slab_size < classes_.max_size()) {
       throw ConfigError("cuarena config: slab_size (" + std::to_string(config_.slab_size) +
                         ") must be at least the largest small class (" +
@@ -215,11 +215,8 @@ class Allocator::Impl final : private detail::PlanServer::Host {
       finish_free(ptr, rec);
     } else {
       PendingFree pf{ptr, std::move(rec), {}};
-      for (StreamId s : pf.live.uses) {
-        pf.events.push_back(ctx_.backend.record_event(s));
-        ++stats_.events_recorded;
-      }
-      pending_.push(std::move(pf));
+      const std::vector<StreamId> uses = pf.live.uses;
+      pending_.push(std::move(pf), uses);
       stats_.pending_frees = std::int64_t(pending_.size());
     }
     sync_inactive();
@@ -452,11 +449,10 @@ class Allocator::Impl final : private detail::PlanServer::Host {
   }
 
   /// Caller holds mu_.
-  void defer_backing_free(Block* piece, std::vector<EventId> events) override {
-    PendingFree pf{piece->addr, LiveBlock{0, piece->size, piece->stream, nullptr, piece, {}},
-                   std::move(events)};
+  void defer_backing_free(Block* piece, const std::vector<StreamId>& streams) override {
+    PendingFree pf{piece->addr, LiveBlock{0, piece->size, piece->stream, nullptr, piece, {}}, {}};
     pf.backing = true;
-    pending_.push(std::move(pf));
+    pending_.push(std::move(pf), streams);
   }
 
   /// Finishes the pending frees whose events have completed (all of them, waiting, when

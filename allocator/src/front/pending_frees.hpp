@@ -1,13 +1,19 @@
 // PendingFrees: freed blocks whose memory waits on events before it may be reused: allocations
 // other streams used (record_stream), and pieces of a retired planned arena's backing.
 //
-// Invariant: every entry's events are recorded and not yet released; an entry leaves (its
-// events released) only through process(), or the destructor.
+// An event is recorded on each stream the entry waits for when it is pushed; on a stream then
+// under graph capture (an event there would join the capture) only once the capture is over,
+// as PyTorch defers such frees' events.
+//
+// Invariant: every entry's events are recorded and not yet released, and its `unrecorded`
+// streams have none yet; an entry leaves (its events released) only through process(), once
+// it has no unrecorded stream, or the destructor.
 //
 // Locks: the allocator's device lock guards it.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -23,24 +29,31 @@ class PendingFrees {
     LiveBlock live;
     std::vector<EventId> events;
     bool backing = false;  ///< a retired planned arena's block, never counted as allocated
+    std::vector<StreamId> unrecorded;  ///< streams under capture when pushed: no event yet
   };
 
-  explicit PendingFrees(DeviceBackend& backend) : backend_(backend) {}
+  /// `recorded` counts the events recorded (Stats::events_recorded).
+  PendingFrees(DeviceBackend& backend, std::int64_t& recorded)
+      : backend_(backend), recorded_(recorded) {}
   /// Releases the events of the entries still waiting (their memory goes with the pool).
   ~PendingFrees();
   PendingFrees(const PendingFrees&) = delete;
   PendingFrees& operator=(const PendingFrees&) = delete;
 
-  /// Queues `e`, whose events the caller recorded (ownership passes here).
-  void push(Entry&& e) { entries_.push_back(std::move(e)); }
+  /// Queues `e` (no events yet) to wait for the work queued so far on each of `streams`.
+  void push(Entry&& e, const std::vector<StreamId>& streams);
 
   /// Calls finish(entry) for each entry whose events have all completed (waiting for each event
-  /// first when `wait`), after releasing those events, and removes it. finish may push(): an
-  /// entry pushed meanwhile is visited in the same pass; the entry passed is invalid once it
-  /// has.
+  /// first when `wait`), after releasing those events, and removes it. An entry still waiting
+  /// for a capture to end stays, `wait` or not. finish may push(): an entry pushed meanwhile is
+  /// visited in the same pass; the entry passed is invalid once it has.
   template <class Finish>
   void process(bool wait, Finish&& finish) {
     for (std::size_t i = 0; i < entries_.size();) {
+      if (!entries_[i].unrecorded.empty() && !record(entries_[i])) {
+        ++i;
+        continue;
+      }
       bool done = true;
       for (EventId e : entries_[i].events) {
         if (wait) backend_.wait_event(e);
@@ -67,7 +80,12 @@ class PendingFrees {
   const std::vector<Entry>& entries() const { return entries_; }
 
  private:
+  /// Records an event on each of e's unrecorded streams no longer under capture; true when
+  /// none is left.
+  bool record(Entry& e);
+
   DeviceBackend& backend_;
+  std::int64_t& recorded_;
   std::vector<Entry> entries_;
 };
 

@@ -60,13 +60,10 @@ void Sharing::settle() {
 
 void Sharing::record_sweeps() {
   settle();
-  // Covers everything each listed stream freed, or has nothing new to cover. Not on a stream
-  // under graph capture (the event would join the capture): it stays listed for later.
-  sweeps_.record_all([&](StreamSweeps::Stream& s) {
-    if (ctx_.backend.stream_capturing(s.id)) return false;
-    start_sweep(static_cast<StreamFreeLists&>(s));
-    return true;
-  });
+  // Covers everything each listed stream freed, or has nothing new to cover (a stream under
+  // graph capture stays listed: StreamSweeps::record).
+  sweeps_.record_all(
+      [&](StreamSweeps::Stream& s) { start_sweep(static_cast<StreamFreeLists&>(s)); });
 }
 
 void Sharing::poll_sweeps() {

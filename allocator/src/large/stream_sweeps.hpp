@@ -53,21 +53,19 @@ class StreamSweeps {
     }
     return ++s.seq;
   }
-  /// Records a sweep on `s` unless its newest already covers every free. Non-blocking.
+  /// Records a sweep on `s` unless its newest already covers every free. Not while `s` is under
+  /// graph capture (DeviceBackend::stream_capturing): it is then listed for the next
+  /// record_all(). Non-blocking.
   void record(Stream& s);
   /// Calls record_if(Stream&) on every stream listed by note_free() since the last call; it
-  /// decides whether there is anything to share and records, and returns false to leave the
-  /// stream listed for the next call (it could not record there now).
+  /// decides whether there is anything to share and records.
   template <class Fn>
   void record_all(Fn&& record_if) {
     std::vector<Stream*> listed;
     listed.swap(unswept_);
     for (Stream* s : listed) {
       s->unswept = false;
-      if (!record_if(*s)) {
-        s->unswept = true;
-        unswept_.push_back(s);
-      }
+      record_if(*s);
     }
   }
   /// Retires s's completed sweeps, oldest first (at most `most` of them), raising s.done and

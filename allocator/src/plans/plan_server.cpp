@@ -188,16 +188,14 @@ void PlanServer::end_plan(std::unique_ptr<PlannedRange> a) {
 
 // The streams' work is fenced by events, as for a record_stream free.
 void PlanServer::give_back(Block* piece, const PlannedRange& a) {
-  std::vector<EventId> events;
+  std::vector<StreamId> others;
   for (StreamId s : a.streams()) {
-    if (s == piece->stream) continue;
-    events.push_back(ctx_.backend.record_event(s));
-    ++ctx_.stats.events_recorded;
+    if (s != piece->stream) others.push_back(s);
   }
-  if (events.empty())
+  if (others.empty())
     pool_.deallocate(piece);
   else
-    host_.defer_backing_free(piece, std::move(events));
+    host_.defer_backing_free(piece, others);
   trimmed_ = false;  // this range becomes cache: the next quiet point gives it back
 }
 

@@ -32,10 +32,10 @@ class PlanServer final : public LazyReclaimer {
   /// What the server needs from the allocator around it; called under the device lock.
   class Host {
    public:
-    /// Frees `piece` (a planned arena's backing) into the pool once every event in `events`
-    /// (non-empty, recorded on the streams that used the arena) has completed, in order with
-    /// the allocator's other frees that wait on events. Takes ownership of the events.
-    virtual void defer_backing_free(Block* piece, std::vector<EventId> events) = 0;
+    /// Frees `piece` (a planned arena's backing) into the pool once `streams` (non-empty: the
+    /// other streams that used the arena) have finished the work queued on them so far, in
+    /// order with the allocator's other frees that wait on events.
+    virtual void defer_backing_free(Block* piece, const std::vector<StreamId>& streams) = 0;
     /// Waits for every pending free and every stream's freed blocks, then releases what the
     /// pool caches (empty_cache()). Returns the bytes released.
     virtual std::size_t wait_and_release() = 0;
