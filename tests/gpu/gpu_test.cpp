@@ -284,6 +284,45 @@ TEST_P(CudaAllocator, InternalDependenciesLeaveAStreamUnderCaptureAlone) {
   for (cudaStream_t x : {s, t, u}) ok(cudaStreamDestroy(x));
 }
 
+// A block used on a stream (record_stream) and freed while that stream is captured: its event is
+// recorded only after the capture (an event recorded now would join the graph), and the block
+// is reused only after that.
+TEST_P(CudaAllocator, AFreeWaitsForAUseStreamsCaptureToEnd) {
+  REQUIRE_GPU();
+  auto backend = make_cuda_backend(GetParam(), 0);
+  Allocator a(*backend, config());
+  cudaStream_t s, t;
+  for (cudaStream_t* x : {&s, &t}) ok(cudaStreamCreateWithFlags(x, cudaStreamNonBlocking));
+  const auto id = [](cudaStream_t x) { return reinterpret_cast<StreamId>(x); };
+  void* scratch = a.allocate(1 << 20, id(t));
+  void* p = a.allocate(64 << 20, id(s));
+  a.record_stream(p, id(t));
+  ok(cudaStreamBeginCapture(t, cudaStreamCaptureModeRelaxed));
+  ok(cudaMemsetAsync(scratch, 0, 1 << 20, t));
+  a.deallocate(p);  // its use stream is captured
+  a.process_events();
+  EXPECT_EQ(a.stats().pending_frees, 1);
+  cudaGraph_t graph = nullptr;
+  ok(cudaStreamEndCapture(t, &graph));
+  ASSERT_NE(graph, nullptr);
+  cudaGraphExec_t exec = nullptr;
+  ok(cudaGraphInstantiate(&exec, graph, 0));
+  ok(cudaDeviceSynchronize());
+  for (int i = 0; i < 2; ++i) {
+    a.process_events();  // records the use's event, then sees it complete
+    ok(cudaDeviceSynchronize());
+  }
+  a.process_events();
+  EXPECT_EQ(a.stats().pending_frees, 0);
+  ok(cudaGraphLaunch(exec, t));
+  ok(cudaDeviceSynchronize());
+  ok(cudaGraphExecDestroy(exec));
+  ok(cudaGraphDestroy(graph));
+  a.deallocate(scratch);
+  a.check_invariants();
+  for (cudaStream_t x : {s, t}) ok(cudaStreamDestroy(x));
+}
+
 // Threads on their own streams allocate, tag blocks with a kernel, hand some blocks to other
 // streams via record_stream, and check tags before freeing: premature reuse shows as a bad tag.
 TEST_P(CudaAllocator, MultiThreadMultiStreamStress) {
