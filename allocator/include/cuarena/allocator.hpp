@@ -92,7 +92,9 @@ class Allocator {
 
   /// Frees a block from allocate(). The block is reusable at once on its allocation stream, and
   /// on other streams after the events that guard it complete. nullptr is ignored. Throws
-  /// InvalidPointerError for a pointer not currently allocated here.
+  /// InvalidPointerError for a pointer not currently allocated here. A block whose allocation
+  /// stream is under graph capture is the caller's to free once the capture is over (as
+  /// PyTorch defers such frees): its free may record an event on that stream.
   void deallocate(void* ptr);
 
   /// Marks `ptr` as used on `stream` too (PyTorch's Tensor.record_stream): when it is freed, it

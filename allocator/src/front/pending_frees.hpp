@@ -45,7 +45,8 @@ class PendingFrees {
 
   /// Calls finish(entry) for each entry whose events have all completed (waiting for each event
   /// first when `wait`), after releasing those events, and removes it. An entry still waiting
-  /// for a capture to end stays, `wait` or not. finish may push(): an entry pushed meanwhile is
+  /// for a capture to end (of a stream it waits for, or of its own stream) stays, `wait` or
+  /// not. finish may push(): an entry pushed meanwhile is
   /// visited in the same pass; the entry passed is invalid once it has.
   template <class Finish>
   void process(bool wait, Finish&& finish) {
@@ -62,11 +63,14 @@ class PendingFrees {
           break;
         }
       }
-      if (!done) {
+      // Finishing a free may record on its own stream (a sweep, a plan's fence): not while
+      // that stream is captured.
+      if (!done || backend_.stream_capturing(entries_[i].live.stream)) {
         ++i;
         continue;
       }
       for (EventId e : entries_[i].events) backend_.release_event(e);
+      entries_[i].events.clear();  // released: not again should finish throw
       finish(entries_[i]);
       entries_[i] = std::move(entries_.back());
       entries_.pop_back();

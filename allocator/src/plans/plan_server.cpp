@@ -32,6 +32,8 @@ std::size_t PlanServer::reclaim(std::size_t granules, StreamId stream) {
   if (!arena_ || arena_->trial() || granules == 0) return 0;
   const std::vector<StreamId>& used = arena_->streams();
   if (used.size() > 1 || (used.size() == 1 && used.front() != stream)) return 0;
+  // The host could not wait for a stream under graph capture (its work runs at replay).
+  if (ctx_.backend.stream_capturing(stream)) return 0;
   const std::size_t gran = ctx_.granule;
   const DevicePtr base = arena_->base();
   if (reclaimed_.empty()) reclaimed_.assign(arena_->bytes() / gran + 1, kKept);

@@ -136,6 +136,8 @@ bool PlannedRange::available(std::size_t offset, std::size_t size, StreamId stre
     }
     ++i;
   }
+  // A stream under graph capture can be ordered after nothing outside it: the bytes are busy.
+  if (!to_wait_.empty() && backend_.stream_capturing(stream)) return false;
   // The device orders the request's stream after those frees (a backend that cannot: the
   // bytes are busy): per other stream, a wait for its newest such fence, unless the stream
   // waited for that one or a newer one already. The fences stay until done: another stream
