@@ -678,21 +678,20 @@ TEST_P(RandomizedLoopCapture, PlansLeaveAStreamUnderCaptureAlone) {
   ASSERT_EQ(r.peak_reserved.size(), std::size_t(kLoopIterations));
 }
 
+auto loop_name = [](const auto& info) {
+  return std::string(std::get<0>(info.param).name) + "_seed" +
+         std::to_string(std::get<1>(info.param));
+};
+
 INSTANTIATE_TEST_SUITE_P(Scenarios, RandomizedLoop,
                          ::testing::Combine(::testing::ValuesIn(kLoopScenarios),
                                             ::testing::Values(1u, 2u)),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param).name) + "_seed" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+                         loop_name);
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, RandomizedLoopCapture,
                          ::testing::Combine(::testing::ValuesIn(kLoopScenarios),
                                             ::testing::Range(1u, 9u)),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param).name) + "_seed" +
-                                  std::to_string(std::get<1>(info.param));
-                         });
+                         loop_name);
 
 // A loop that repeats exactly must stop growing: no iteration after the fourth reserves more
 // than the fourth did.
@@ -708,11 +707,6 @@ TEST_P(RandomizedLoopConverges, ReservedStopsGrowingAfterIteration3) {
         << " bytes more than iteration 3";
   }
 }
-
-auto loop_name = [](const auto& info) {
-  return std::string(std::get<0>(info.param).name) + "_seed" +
-         std::to_string(std::get<1>(info.param));
-};
 
 INSTANTIATE_TEST_SUITE_P(Segments, RandomizedLoopConverges,
                          ::testing::Combine(::testing::Values(kLoopScenarios[3]),

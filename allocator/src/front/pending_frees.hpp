@@ -46,8 +46,8 @@ class PendingFrees {
   /// Calls finish(entry) for each entry whose events have all completed (waiting for each event
   /// first when `wait`), after releasing those events, and removes it. An entry still waiting
   /// for a capture to end (of a stream it waits for, or of its own stream) stays, `wait` or
-  /// not. finish may push(): an entry pushed meanwhile is
-  /// visited in the same pass; the entry passed is invalid once it has.
+  /// not. finish may push(): an entry pushed meanwhile is visited in the same pass; the entry
+  /// passed is invalid once it has.
   template <class Finish>
   void process(bool wait, Finish&& finish) {
     for (std::size_t i = 0; i < entries_.size();) {

@@ -61,7 +61,7 @@ void Sharing::settle() {
 void Sharing::record_sweeps() {
   settle();
   // Covers everything each listed stream freed, or has nothing new to cover (a stream under
-  // graph capture stays listed: StreamSweeps::record).
+  // graph capture stays listed: StreamSweeps::record_all).
   sweeps_.record_all(
       [&](StreamSweeps::Stream& s) { start_sweep(static_cast<StreamFreeLists&>(s)); });
 }

@@ -12,14 +12,6 @@ StreamSweeps::~StreamSweeps() {
 
 void StreamSweeps::record(Stream& s) {
   if (!s.events.empty() && s.events.back().second == s.seq) return;  // nothing new to cover
-  if (backend_.stream_capturing(s.id)) {
-    // An event recorded there would join the capture: listed again for a later record_all().
-    if (!s.unswept) {
-      s.unswept = true;
-      unswept_.push_back(&s);
-    }
-    return;
-  }
   if (s.events.size() >= tuning::kMaxSweepsPerStream) {
     // Full: the newest sweep is superseded by one that also covers the latest frees (the
     // older ones in flight still complete first).

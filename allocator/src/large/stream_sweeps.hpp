@@ -53,17 +53,22 @@ class StreamSweeps {
     }
     return ++s.seq;
   }
-  /// Records a sweep on `s` unless its newest already covers every free. Not while `s` is under
-  /// graph capture (DeviceBackend::stream_capturing): it is then listed for the next
-  /// record_all(). Non-blocking.
+  /// Records a sweep on `s` unless its newest already covers every free. Non-blocking. `s` may
+  /// not be under graph capture: a free's own stream is not (the caller defers such frees).
   void record(Stream& s);
   /// Calls record_if(Stream&) on every stream listed by note_free() since the last call; it
-  /// decides whether there is anything to share and records.
+  /// decides whether there is anything to share and records. A stream under graph capture
+  /// (DeviceBackend::stream_capturing: an event there would join the capture) stays listed for
+  /// a later call.
   template <class Fn>
   void record_all(Fn&& record_if) {
     std::vector<Stream*> listed;
     listed.swap(unswept_);
     for (Stream* s : listed) {
+      if (backend_.stream_capturing(s->id)) {
+        unswept_.push_back(s);  // still flagged unswept
+        continue;
+      }
       s->unswept = false;
       record_if(*s);
     }
